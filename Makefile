@@ -1,0 +1,62 @@
+# kvd — one non-recursive Makefile; each folder adds its parts in a *.mk file.
+# Everything is built out of tree into $(B)/.
+
+B        := build
+PREFIX   ?= /usr/local
+DESTDIR  ?=
+CC       ?= cc
+NVCC     ?= nvcc
+SANITIZE ?= 0
+CUDA     ?= auto
+WERROR   ?= 1
+MODEL_DIR := models
+MODEL    := $(MODEL_DIR)/SmolLM2-135M-Instruct.Q4_1.gguf
+
+CFLAGS   ?= -O2 -g
+CFLAGS   += -std=gnu11 -Wall -Wextra -fPIC -pthread -D_GNU_SOURCE -ffp-contract=off
+CPPFLAGS += -I. -MMD -MP
+LDLIBS   += -lm -pthread
+ifeq ($(WERROR),1)
+CFLAGS   += -Werror
+endif
+ifeq ($(SANITIZE),1)
+CFLAGS   += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+LDFLAGS  += -fsanitize=address,undefined
+endif
+
+# CUDA=auto builds the CUDA backend when nvcc is on PATH.
+ifeq ($(CUDA),auto)
+HAVE_NVCC := $(shell command -v $(NVCC) >/dev/null 2>&1 && echo 1 || echo 0)
+else ifeq ($(CUDA),1)
+HAVE_NVCC := 1
+else
+HAVE_NVCC := 0
+endif
+
+.PHONY: all test bench install clean deps model
+all:
+
+include uapi/uapi.mk
+include kernels/kernels.mk
+include daemon/daemon.mk
+include shm/shm.mk
+include tools/tools.mk
+include tests/tests.mk
+
+$(B)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -c -o $@ $<
+
+deps:
+	@sh tools/deps.sh
+
+model: $(MODEL)
+$(MODEL): tools/fetch-model.sh
+	@sh tools/fetch-model.sh $(MODEL_DIR)
+# The fetch script is idempotent and checks the file's sha256 itself.
+.PHONY: $(MODEL)
+
+clean:
+	rm -rf $(B)
+
+-include $(shell find $(B) -name '*.d' 2>/dev/null)

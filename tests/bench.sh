@@ -1,0 +1,10 @@
+#!/bin/sh
+# bench.sh — run each benchmark program in turn; benchmarks print their own tables.
+: "${KVD_MODEL:=models/SmolLM2-135M-Instruct.Q4_1.gguf}"
+export KVD_MODEL
+status=0
+for b in "$@"; do
+	echo "=== $(basename "$b")"
+	"$b" || status=1
+done
+exit $status

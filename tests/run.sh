@@ -1,0 +1,23 @@
+#!/bin/sh
+# run.sh — run each cmocka test program, show its summary, fail if any failed.
+# Tests run from the repository root; KVD_MODEL names the model they load.
+: "${KVD_MODEL:=models/SmolLM2-135M-Instruct.Q4_1.gguf}"
+export KVD_MODEL
+passed=0
+failed=0
+failed_names=""
+for t in "$@"; do
+	echo "=== $(basename "$t")"
+	if "$t"; then
+		passed=$((passed + 1))
+	else
+		failed=$((failed + 1))
+		failed_names="$failed_names $(basename "$t")"
+	fi
+done
+echo
+echo "test programs: $passed passed, $failed failed"
+if [ "$failed" -ne 0 ]; then
+	echo "failed:$failed_names"
+	exit 1
+fi

@@ -1,0 +1,23 @@
+#!/bin/sh
+# deps.sh — install kvd's build and test dependencies from Debian's packages.
+# Idempotent: prints nothing and touches nothing when all are installed.
+set -eu
+pkgs="build-essential pkg-config liburing-dev libbpf-dev clang llvm bpftool
+libelf-dev zlib1g-dev libcmocka-dev libsystemd-dev systemtap-sdt-dev
+libxxhash-dev python3 python3-pip unzip gnuplot-nox valgrind"
+missing=""
+for p in $pkgs; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" ||
+		missing="$missing $p"
+done
+[ -z "$missing" ] && exit 0
+if [ "$(id -u)" -ne 0 ]; then
+	SUDO=sudo
+else
+	SUDO=
+fi
+echo "deps: installing$missing"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+# shellcheck disable=SC2086
+$SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null

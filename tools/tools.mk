@@ -1,0 +1,18 @@
+# tools/ — command-line programs built on libkvclient.
+TOOLS := $(patsubst tools/%.c,%,$(wildcard tools/kv*.c))
+TOOL_BINS := $(TOOLS:%=$(B)/%)
+
+$(B)/kv%: $(B)/tools/kv%.o $(B)/libkvclient.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+all: $(TOOL_BINS)
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib \
+		$(DESTDIR)$(PREFIX)/include/kvd/uapi
+	install -m 0755 $(B)/kvd $(TOOL_BINS) $(DESTDIR)$(PREFIX)/bin/
+	install -m 0755 $(B)/libkvclient.so.$(KVC_SOVER) $(DESTDIR)$(PREFIX)/lib/
+	ln -sf libkvclient.so.$(KVC_SOVER) $(DESTDIR)$(PREFIX)/lib/libkvclient.so
+	install -m 0644 $(B)/libkvclient.a $(DESTDIR)$(PREFIX)/lib/
+	install -m 0644 $(KVC_HDRS) $(DESTDIR)$(PREFIX)/include/kvd/
+	install -m 0644 $(UAPI_HDRS) $(DESTDIR)$(PREFIX)/include/kvd/uapi/

@@ -1,0 +1,244 @@
+/* kvd.h — the ABI between the kvd daemon and its clients (version 1). */
+#ifndef _UAPI_KVD_H
+#define _UAPI_KVD_H
+
+#include <linux/types.h>
+
+/*
+ * Conventions
+ *
+ * - Every struct here has a fixed size pinned by tests/test_uapi.c; fields are
+ *   naturally aligned and explicit resv/pad fields fill every hole. Senders
+ *   zero reserved fields; receivers refuse non-zero ones with -EINVAL, so a
+ *   later version can give them meaning.
+ * - Shared regions are located by byte offsets from the start of the region,
+ *   never by pointers.
+ * - Results are 0 or a positive count on success, -errno on failure:
+ *     -EINVAL     malformed message or SQE (bad opcode, size, reserved field)
+ *     -EPROTO     wrong magic or unsupported ABI version
+ *     -EFAULT     an offset/length pair that does not lie inside the arena
+ *     -ERANGE     a token id >= the model's vocabulary size
+ *     -E2BIG      prompt plus max_tokens exceed the model's context length
+ *     -ENOENT     unknown session or sequence slot
+ *     -EBUSY      sequence slot already has a request in flight
+ *     -ENOSPC     the KV-cache pool cannot hold the request
+ *     -EDQUOT     the caller's uid is over its KV-cache quota
+ *     -EMFILE     too many sessions for this connection or uid
+ *     -ECANCELED  the request was cancelled (by CANCEL or by session close)
+ *     -EIO        the compute backend failed; the daemon stays up
+ */
+
+#define KVD_MAGIC        0x3144564bU /* "KVD1" little-endian */
+#define KVD_ABI_VERSION  1U
+
+/* Feature bits, offered by the client in HELLO and acknowledged by the daemon. */
+#define KVD_FEAT_RING_WAKEUP   (1U << 0) /* NEED_WAKEUP flags are honoured both ways */
+#define KVD_FEAT_CQ_OVERFLOW   (1U << 1) /* a full CQ is back-pressured, never dropped */
+#define KVD_FEAT_PREFIX_CACHE  (1U << 2) /* prompts sharing a prefix reuse KV blocks */
+#define KVD_FEAT_PRIORITY      (1U << 3) /* kvd_sqe.priority is honoured */
+#define KVD_FEAT_SAMPLING      (1U << 4) /* temperature/top-k/top-p/min-p/penalty */
+#define KVD_FEAT_ALL           ((1U << 5) - 1)
+
+/* ------------------------------------------------------------------------ */
+/* Control messages: one per SOCK_SEQPACKET datagram, requests and replies. */
+
+enum kvd_msg_type {
+	KVD_MSG_HELLO = 1,		/* negotiate ABI and features; learn the model */
+	KVD_MSG_SESSION_OPEN = 2,	/* create a session; first one passes the region */
+	KVD_MSG_SESSION_CLOSE = 3,	/* cancel its requests, free its sequences */
+	KVD_MSG_STATS = 4,		/* daemon-wide counters */
+	KVD_MSG_ERROR = 5,		/* reply to a message the daemon could not parse */
+	KVD_MSG_LAST
+};
+
+/* Starts every control message. */
+struct kvd_msg_hdr {
+	__u32	magic;		/* KVD_MAGIC */
+	__u16	type;		/* enum kvd_msg_type; a reply repeats the request's */
+	__u16	flags;		/* KVD_MSGF_* */
+	__u32	len;		/* bytes of the whole message, header included */
+	__u32	seq;		/* chosen by the client, echoed in the reply */
+	__s32	status;		/* replies: 0 or -errno; requests: 0 */
+	__u32	resv;		/* zero */
+};
+
+#define KVD_MSGF_REPLY	(1U << 0) /* set on every message the daemon sends */
+
+struct kvd_hello_req {
+	struct kvd_msg_hdr hdr;
+	__u32	abi_version;	/* KVD_ABI_VERSION the client was built against */
+	__u32	features;	/* KVD_FEAT_* the client wants */
+	__u64	resv[2];	/* zero */
+};
+
+struct kvd_hello_rep {
+	struct kvd_msg_hdr hdr;
+	__u32	abi_version;	/* the daemon's KVD_ABI_VERSION */
+	__u32	features;	/* requested features the daemon grants */
+	__u32	vocab_size;	/* token ids must be below this */
+	__u32	ctx_len;	/* max positions of one sequence */
+	__u32	bos_id;		/* begin-of-sequence token, or ~0U if none */
+	__u32	eos_id;		/* end-of-sequence token, or ~0U if none */
+	__u32	eot_id;		/* end-of-turn token (chat), or ~0U if none */
+	__u32	max_sessions;	/* per connection */
+	__u32	max_sq_entries;	/* power of two */
+	__u32	max_cq_entries;	/* power of two */
+	__u32	max_arena_bytes; /* token arena size limit per connection */
+	__u32	kv_block_tokens; /* tokens per KV-cache block */
+	__u64	kv_blocks_total; /* blocks in the daemon's pool */
+	char	model_name[64];	/* NUL-terminated, from general.name */
+	char	backend[16];	/* "cpu" or "cuda", NUL-terminated */
+	__u64	resv[4];	/* zero */
+};
+
+struct kvd_session_open_req {
+	struct kvd_msg_hdr hdr;
+	__u32	sq_entries;	/* power of two, <= max_sq_entries; 0 = default */
+	__u32	cq_entries;	/* power of two, <= max_cq_entries; 0 = default */
+	__u32	arena_bytes;	/* multiple of 4, <= max_arena_bytes; 0 = default */
+	__u32	resv0;		/* zero */
+	__u64	resv[2];	/* zero */
+};
+
+/*
+ * Reply to SESSION_OPEN. On the first open of a connection the daemon sends,
+ * as SCM_RIGHTS with this reply, three fds in this order: the sealed memfd
+ * holding the region (rings and arena), the kick eventfd (client -> daemon)
+ * and the call eventfd (daemon -> client); KVD_OPENF_FDS is set then. Later
+ * sessions of the same connection share that region and those eventfds.
+ */
+struct kvd_session_open_rep {
+	struct kvd_msg_hdr hdr;
+	__u32	session_id;	/* names the session in SQEs and SESSION_CLOSE */
+	__u32	flags;		/* KVD_OPENF_* */
+	__u32	sq_entries;	/* granted */
+	__u32	cq_entries;	/* granted */
+	__u64	region_bytes;	/* size of the memfd to mmap (MAP_SHARED) */
+	__u64	sq_off;		/* struct kvd_ring_hdr of the SQ */
+	__u64	sqes_off;	/* sq_entries x struct kvd_sqe */
+	__u64	cq_off;		/* struct kvd_ring_hdr of the CQ */
+	__u64	cqes_off;	/* cq_entries x struct kvd_cqe */
+	__u64	arena_off;	/* token arena: __u32 token ids */
+	__u32	arena_bytes;	/* granted */
+	__u32	resv0;		/* zero */
+};
+
+#define KVD_OPENF_FDS	(1U << 0) /* this reply carries the three fds */
+
+struct kvd_session_close_req {
+	struct kvd_msg_hdr hdr;
+	__u32	session_id;
+	__u32	resv;		/* zero */
+};
+
+/* Reply to STATS (the request is a bare struct kvd_msg_hdr). */
+struct kvd_stats_rep {
+	struct kvd_msg_hdr hdr;
+	__u64	requests;		/* completed since start */
+	__u64	tokens_prefilled;	/* prompt tokens computed */
+	__u64	tokens_generated;	/* tokens sampled */
+	__u64	kv_blocks_total;
+	__u64	kv_blocks_used;		/* held by a sequence */
+	__u64	kv_blocks_cached;	/* free but holding a reusable prefix */
+	__u64	prefix_hit_tokens;	/* prompt tokens served from the prefix cache */
+	__u64	prefix_miss_tokens;	/* prompt tokens computed for lack of a hit */
+	__u64	evictions;		/* cached blocks reclaimed */
+	__u64	preemptions;		/* sequences paused to free KV memory */
+	__u32	connections;		/* open now */
+	__u32	sessions;		/* open now */
+	__u64	resv[4];		/* zero */
+};
+
+/* ------------------------------------------------------------------------ */
+/* Rings: single producer, single consumer, in the shared region.           */
+
+/*
+ * The producer owns tail, the consumer owns head; each lives on its own
+ * cache line so the two sides never write the same line. The producer
+ * writes an entry, then stores tail with release; the consumer loads tail
+ * with acquire, reads entries, then stores head with release (pairing with
+ * the producer's acquire load of head before it reuses a slot).
+ */
+struct kvd_ring_hdr {
+	__u32	head;		/* consumer's index, free-running */
+	__u32	pad0[15];
+	__u32	tail;		/* producer's index, free-running */
+	__u32	pad1[15];
+	__u32	ring_mask;	/* ring_entries - 1 */
+	__u32	ring_entries;	/* power of two */
+	__u32	flags;		/* KVD_RING_* (written by the consumer side) */
+	__u32	overflow;	/* CQ: completions waiting in the daemon */
+	__u32	resv[12];	/* zero */
+};
+
+/* kvd_ring_hdr.flags */
+#define KVD_RING_NEED_WAKEUP	(1U << 0) /* consumer sleeps: producer must signal its eventfd */
+#define KVD_RING_CQ_OVERFLOW	(1U << 1) /* CQ: the daemon holds completions that did not fit */
+
+/* ------------------------------------------------------------------------ */
+/* Submission and completion entries.                                       */
+
+enum kvd_op {
+	KVD_OP_NOP = 0,		/* completes at once with res 0 */
+	KVD_OP_PREFILL = 1,	/* run the prompt into slot's KV cache; res = positions cached */
+	KVD_OP_DECODE = 2,	/* sample up to max_tokens continuing slot's sequence */
+	KVD_OP_GENERATE = 3,	/* PREFILL then DECODE as one request */
+	KVD_OP_CANCEL = 4,	/* cancel the request whose user_data is target_user_data */
+	KVD_OP_LAST
+};
+
+/* kvd_sqe.flags */
+#define KVD_SQE_APPEND		(1U << 0) /* PREFILL/GENERATE: extend slot's sequence, do not reset it */
+#define KVD_SQE_STREAM		(1U << 1) /* post a CQE with KVD_CQE_MORE per token */
+#define KVD_SQE_IGNORE_EOS	(1U << 2) /* keep going past end-of-sequence tokens */
+#define KVD_SQE_FLAGS_ALL	((1U << 3) - 1)
+
+/* kvd_sqe.priority */
+#define KVD_PRIO_INTERACTIVE	0
+#define KVD_PRIO_BACKGROUND	1
+
+/*
+ * 64 bytes. Sampling knobs are fixed-point integers: the ABI carries no
+ * floating point. temperature 0 means greedy; top_k 0, top_p_e4 0 or 10000,
+ * min_p_e4 0 and repeat_penalty_milli 0 or 1000 each disable that filter.
+ */
+struct kvd_sqe {
+	__u8	opcode;		/* enum kvd_op */
+	__u8	priority;	/* KVD_PRIO_* */
+	__u16	flags;		/* KVD_SQE_* */
+	__u32	session_id;	/* from SESSION_OPEN */
+	__u64	user_data;	/* echoed in every CQE of this request */
+	__u32	tokens_off;	/* PREFILL/GENERATE: arena byte offset of prompt ids */
+	__u32	n_tokens;	/* PREFILL/GENERATE: number of prompt ids */
+	__u32	out_off;	/* DECODE/GENERATE: arena byte offset for sampled ids */
+	__u32	max_tokens;	/* DECODE/GENERATE: room at out_off, in tokens */
+	__u64	seed;		/* sampler seed; the same seed gives the same tokens */
+	__u16	temperature_milli; /* temperature x 1000 */
+	__u16	top_k;		/* keep the k most likely tokens */
+	__u16	top_p_e4;	/* nucleus mass x 10000 */
+	__u16	min_p_e4;	/* min probability relative to the top x 10000 */
+	__u16	repeat_penalty_milli; /* penalty x 1000 on recent tokens */
+	__u16	repeat_last_n;	/* window of the penalty, in tokens */
+	__u32	slot;		/* sequence slot within the session */
+	__u64	target_user_data; /* CANCEL: the request to cancel; else zero */
+};
+
+/* kvd_cqe.flags */
+#define KVD_CQE_MORE		(1U << 0) /* more CQEs of this request follow */
+#define KVD_CQE_EOS		(1U << 1) /* stopped at an end-of-sequence token */
+#define KVD_CQE_LENGTH		(1U << 2) /* stopped at max_tokens or the context length */
+#define KVD_CQE_CANCELLED	(1U << 3) /* stopped by CANCEL or session close */
+#define KVD_CQE_PREFIX_HIT	(1U << 4) /* part of the prompt came from the prefix cache */
+
+/* 32 bytes. */
+struct kvd_cqe {
+	__u64	user_data;	/* from the SQE */
+	__s32	res;		/* >= 0: tokens produced (prefill: positions cached); -errno */
+	__u32	flags;		/* KVD_CQE_* */
+	__u32	token;		/* streaming: the newest token id; else the last one */
+	__u32	n_out;		/* tokens written at out_off so far */
+	__u32	slot;		/* sequence slot, from the SQE */
+	__u32	resv;		/* zero */
+};
+
+#endif /* _UAPI_KVD_H */

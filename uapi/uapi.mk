@@ -1,0 +1,2 @@
+# uapi/ — headers only; installed for clients.
+UAPI_HDRS := uapi/kvd.h
