@@ -1,0 +1,824 @@
+/* gguf.c — validating reader of GGUF v2/v3 files, mmap'd or in a caller buffer. */
+#include "daemon/gguf.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Values are read in place from the mapping, so the host must match the file. */
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "gguf.c reads little-endian GGUF files in place; big-endian hosts are not supported"
+#endif
+
+#define GGUF_MAGIC		0x46554747u	/* "GGUF" read as a little-endian u32 */
+#define GGUF_HDR_BYTES		24		/* magic, version, n_tensors, n_kv */
+#define GGUF_DEFAULT_ALIGN	32
+/*
+ * The smallest encodings of one key/value pair (key length, type, 1-byte
+ * value) and one tensor info (name length, n_dims, one ne, type, offset).
+ * Counts are bounded by the bytes left divided by these before anything is
+ * allocated, so a corrupt count cannot ask for a giant allocation.
+ */
+#define GGUF_MIN_KV_BYTES	(8 + 4 + 1)
+#define GGUF_MIN_TENSOR_BYTES	(8 + 4 + 8 + 4 + 8)
+#define GGUF_MIN_STR_BYTES	8
+#define GGUF_SHOW_MAX		64		/* bytes of a name quoted in messages */
+
+/* gguf_open*() hand out &p->f; gguf_close() gets back here from it. */
+struct gguf_priv {
+	struct gguf_file f;	/* first member */
+	bool mapped;		/* base/size came from mmap() */
+};
+
+/* A cursor over the file; pos <= size always holds. */
+struct rd {
+	const uint8_t *base;
+	size_t size;
+	size_t pos;
+	char *err;
+	size_t errlen;
+};
+
+__attribute__((format(printf, 3, 4)))
+static int fail(struct rd *r, int ret, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (r->err && r->errlen) {
+		va_start(ap, fmt);
+		vsnprintf(r->err, r->errlen, fmt, ap);
+		va_end(ap);
+	}
+	return ret;
+}
+
+/*
+ * Quote a name from the file for a message: bounded, control bytes replaced,
+ * so a corrupt name cannot flood or garble the log. buf has GGUF_SHOW_MAX+4.
+ */
+static const char *show(char *buf, struct gguf_str s)
+{
+	size_t n = s.len < GGUF_SHOW_MAX ? (size_t)s.len : GGUF_SHOW_MAX;
+	size_t i;
+
+	for (i = 0; i < n; i++) {
+		unsigned char c = (unsigned char)s.ptr[i];
+		buf[i] = (c < 0x20 || c == 0x7f) ? '?' : (char)c;
+	}
+	if (s.len > GGUF_SHOW_MAX) {
+		memcpy(buf + n, "...", 3);
+		n += 3;
+	}
+	buf[n] = '\0';
+	return buf;
+}
+
+static bool mul_ovf(uint64_t a, uint64_t b, uint64_t *out)
+{
+	return __builtin_mul_overflow(a, b, out);
+}
+
+static size_t left(const struct rd *r)
+{
+	return r->size - r->pos;
+}
+
+static uint32_t ld_u32(const void *p)
+{
+	uint32_t v;
+
+	memcpy(&v, p, sizeof(v));
+	return v;
+}
+
+static uint64_t ld_u64(const void *p)
+{
+	uint64_t v;
+
+	memcpy(&v, p, sizeof(v));
+	return v;
+}
+
+/* ctx names what is being read ("key 'x'", "tensor #3"), field the item. */
+static int rd_u32(struct rd *r, uint32_t *v, const char *ctx, const char *field)
+{
+	if (left(r) < 4)
+		return fail(r, -EINVAL, "%s: %s at offset %zu is cut off by end of file (%zu bytes)",
+			    ctx, field, r->pos, r->size);
+	*v = ld_u32(r->base + r->pos);
+	r->pos += 4;
+	return 0;
+}
+
+static int rd_u64(struct rd *r, uint64_t *v, const char *ctx, const char *field)
+{
+	if (left(r) < 8)
+		return fail(r, -EINVAL, "%s: %s at offset %zu is cut off by end of file (%zu bytes)",
+			    ctx, field, r->pos, r->size);
+	*v = ld_u64(r->base + r->pos);
+	r->pos += 8;
+	return 0;
+}
+
+static int rd_str(struct rd *r, struct gguf_str *s, const char *ctx, const char *field)
+{
+	size_t at = r->pos;
+	uint64_t len = 0;
+	int ret;
+
+	ret = rd_u64(r, &len, ctx, field);
+	if (ret)
+		return ret;
+	if (len > left(r))
+		return fail(r, -EINVAL, "%s: %s length %" PRIu64 " at offset %zu extends past end of file (%zu bytes)",
+			    ctx, field, len, at, r->size);
+	s->ptr = (const char *)r->base + r->pos;
+	s->len = len;
+	r->pos += len;
+	return 0;
+}
+
+static const uint8_t vt_size[GGUF_VT_LAST] = {
+	[GGUF_VT_U8] = 1, [GGUF_VT_I8] = 1, [GGUF_VT_U16] = 2, [GGUF_VT_I16] = 2,
+	[GGUF_VT_U32] = 4, [GGUF_VT_I32] = 4, [GGUF_VT_F32] = 4, [GGUF_VT_BOOL] = 1,
+	[GGUF_VT_U64] = 8, [GGUF_VT_I64] = 8, [GGUF_VT_F64] = 8,
+	/* STRING and ARRAY have variable size */
+};
+
+static const char *const vt_name[GGUF_VT_LAST] = {
+	[GGUF_VT_U8] = "u8", [GGUF_VT_I8] = "i8", [GGUF_VT_U16] = "u16",
+	[GGUF_VT_I16] = "i16", [GGUF_VT_U32] = "u32", [GGUF_VT_I32] = "i32",
+	[GGUF_VT_F32] = "f32", [GGUF_VT_BOOL] = "bool", [GGUF_VT_STRING] = "string",
+	[GGUF_VT_ARRAY] = "array", [GGUF_VT_U64] = "u64", [GGUF_VT_I64] = "i64",
+	[GGUF_VT_F64] = "f64",
+};
+
+int gguf_type_block(uint32_t type, uint32_t *blk_elems, uint32_t *blk_bytes)
+{
+	uint32_t e, b;
+
+	switch (type) {
+	case GGUF_T_F32:  e = 1;   b = 4;   break;
+	case GGUF_T_F16:  e = 1;   b = 2;   break;
+	case GGUF_T_BF16: e = 1;   b = 2;   break;
+	case GGUF_T_Q4_0: e = 32;  b = 18;  break;	/* f16 d, 16 B of nibbles */
+	case GGUF_T_Q4_1: e = 32;  b = 20;  break;	/* f16 d, f16 m, 16 B of nibbles */
+	case GGUF_T_Q8_0: e = 32;  b = 34;  break;	/* f16 d, 32 int8 */
+	case GGUF_T_Q4_K: e = 256; b = 144; break;	/* d, dmin, 12 B scales, 128 B nibbles */
+	case GGUF_T_Q6_K: e = 256; b = 210; break;	/* 128 B ql, 64 B qh, 16 scales, d */
+	default:
+		return -ENOTSUP;
+	}
+	if (blk_elems)
+		*blk_elems = e;
+	if (blk_bytes)
+		*blk_bytes = b;
+	return 0;
+}
+
+const char *gguf_type_name(uint32_t type)
+{
+	switch (type) {
+	case GGUF_T_F32:  return "F32";
+	case GGUF_T_F16:  return "F16";
+	case GGUF_T_BF16: return "BF16";
+	case GGUF_T_Q4_0: return "Q4_0";
+	case GGUF_T_Q4_1: return "Q4_1";
+	case GGUF_T_Q8_0: return "Q8_0";
+	case GGUF_T_Q4_K: return "Q4_K";
+	case GGUF_T_Q6_K: return "Q6_K";
+	default:	  return "unknown";
+	}
+}
+
+/*
+ * Grow *arr (of elsize-byte entries, *cap of them) to hold n+1. Doubling from
+ * a small start means memory follows what was actually parsed, not the
+ * declared count; want is the declared count, which caps the growth.
+ */
+static int grow(void **arr, size_t *cap, size_t n, size_t elsize, uint64_t want)
+{
+	size_t ncap;
+	void *p;
+
+	if (n < *cap)
+		return 0;
+	ncap = *cap ? *cap * 2 : 64;
+	if (ncap > want)
+		ncap = want;
+	if (ncap <= n)
+		ncap = n + 1;
+	if (ncap > SIZE_MAX / elsize)
+		return -ENOMEM;
+	p = realloc(*arr, ncap * elsize);
+	if (!p)
+		return -ENOMEM;
+	*arr = p;
+	*cap = ncap;
+	return 0;
+}
+
+_Static_assert(offsetof(struct gguf_kv, key) == 0, "find_dup() reads the key first");
+_Static_assert(offsetof(struct gguf_tensor, name) == 0, "find_dup() reads the name first");
+
+static int cmp_str(const void *a, const void *b)
+{
+	const struct gguf_str *x = a, *y = b;
+	size_t n = x->len < y->len ? (size_t)x->len : (size_t)y->len;
+	int c = memcmp(x->ptr, y->ptr, n);
+
+	if (c)
+		return c;
+	return (x->len > y->len) - (x->len < y->len);
+}
+
+/*
+ * names: n structs of stride bytes, each starting with its struct gguf_str
+ * name (key, tensor name). Find two equal names among n (sorted copies, so crafted files with millions
+ * of names cannot make this quadratic). Returns 1 and the name, 0, or -ENOMEM.
+ */
+static int find_dup(const void *names, size_t stride, size_t n,
+		    struct gguf_str *dup)
+{
+	struct gguf_str *s;
+	size_t i;
+	int ret = 0;
+
+	if (n < 2)
+		return 0;
+	s = malloc(n * sizeof(*s));
+	if (!s)
+		return -ENOMEM;
+	for (i = 0; i < n; i++)
+		memcpy(&s[i], (const char *)names + i * stride, sizeof(s[i]));
+	qsort(s, n, sizeof(*s), cmp_str);
+	for (i = 1; i < n; i++) {
+		if (!cmp_str(&s[i - 1], &s[i])) {
+			*dup = s[i];
+			ret = 1;
+			break;
+		}
+	}
+	free(s);
+	return ret;
+}
+
+/*
+ * Index a string array of n elements starting at r->pos. First pass checks
+ * every length against the file, second fills the index, so the index is
+ * sized from validated content only.
+ */
+static int rd_str_array(struct rd *r, struct gguf_kv *kv, const char *ctx)
+{
+	size_t start = r->pos;
+	struct gguf_str s;
+	char field[48];
+	uint64_t i, n = kv->arr_len;
+	int ret;
+
+	if (n > left(r) / GGUF_MIN_STR_BYTES)
+		return fail(r, -EINVAL, "%s: string array of %" PRIu64 " elements cannot fit in the %zu bytes left in the file",
+			    ctx, n, left(r));
+	for (i = 0; i < n; i++) {
+		uint64_t len;
+
+		if (left(r) >= 8) {
+			len = ld_u64(r->base + r->pos);
+			if (len <= left(r) - 8) {
+				r->pos += 8 + len;
+				continue;
+			}
+		}
+		/* slow path only to word the error */
+		snprintf(field, sizeof(field), "element %" PRIu64, i);
+		ret = rd_str(r, &s, ctx, field);
+		return ret ? ret : fail(r, -EINVAL, "%s: %s: internal error", ctx, field);
+	}
+	if (n == 0)
+		return 0;
+	kv->strs = malloc(n * sizeof(*kv->strs));
+	if (!kv->strs)
+		return fail(r, -ENOMEM, "%s: no memory to index %" PRIu64 " strings", ctx, n);
+	r->pos = start;
+	for (i = 0; i < n; i++) {
+		kv->strs[i].len = ld_u64(r->base + r->pos);
+		kv->strs[i].ptr = (const char *)r->base + r->pos + 8;
+		r->pos += 8 + kv->strs[i].len;
+	}
+	return 0;
+}
+
+static int check_bools(struct rd *r, const uint8_t *p, uint64_t n, const char *ctx)
+{
+	uint64_t i;
+
+	for (i = 0; i < n; i++)
+		if (p[i] > 1)
+			return fail(r, -EINVAL, "%s: bool value %u at offset %zu is neither 0 nor 1",
+				    ctx, p[i], (size_t)(p + i - r->base));
+	return 0;
+}
+
+/* Parse one key/value pair into kv (zeroed by the caller). */
+static int rd_kv(struct rd *r, struct gguf_kv *kv, uint64_t idx)
+{
+	char ctx[GGUF_SHOW_MAX + 32], name[GGUF_SHOW_MAX + 4];
+	uint64_t bytes;
+	uint32_t et = 0;
+	int ret;
+
+	snprintf(ctx, sizeof(ctx), "key #%" PRIu64, idx);
+	ret = rd_str(r, &kv->key, ctx, "name");
+	if (ret)
+		return ret;
+	if (kv->key.len == 0)
+		return fail(r, -EINVAL, "%s: empty key name", ctx);
+	snprintf(ctx, sizeof(ctx), "key '%s'", show(name, kv->key));
+
+	ret = rd_u32(r, &kv->type, ctx, "value type");
+	if (ret)
+		return ret;
+	if (kv->type >= GGUF_VT_LAST)
+		return fail(r, -EINVAL, "%s: unknown value type %u", ctx, kv->type);
+
+	if (kv->type == GGUF_VT_STRING) {
+		struct gguf_str v;
+
+		/* data points at the length prefix, as for string array elements */
+		kv->data = r->base + r->pos;
+		return rd_str(r, &v, ctx, "string value");
+	}
+
+	if (kv->type != GGUF_VT_ARRAY) {
+		if (left(r) < vt_size[kv->type])
+			return fail(r, -EINVAL, "%s: %s value at offset %zu is cut off by end of file (%zu bytes)",
+				    ctx, vt_name[kv->type], r->pos, r->size);
+		kv->data = r->base + r->pos;
+		r->pos += vt_size[kv->type];
+		if (kv->type == GGUF_VT_BOOL)
+			return check_bools(r, kv->data, 1, ctx);
+		return 0;
+	}
+
+	ret = rd_u32(r, &et, ctx, "array element type");
+	if (ret)
+		return ret;
+	if (et == GGUF_VT_ARRAY)
+		return fail(r, -EINVAL, "%s: arrays of arrays are not supported", ctx);
+	if (et >= GGUF_VT_LAST)
+		return fail(r, -EINVAL, "%s: unknown array element type %u", ctx, et);
+	kv->arr_type = et;
+	ret = rd_u64(r, &kv->arr_len, ctx, "array length");
+	if (ret)
+		return ret;
+	kv->data = r->base + r->pos;
+	if (et == GGUF_VT_STRING)
+		return rd_str_array(r, kv, ctx);
+
+	if (mul_ovf(kv->arr_len, vt_size[et], &bytes) || bytes > left(r))
+		return fail(r, -EINVAL, "%s: array of %" PRIu64 " %s at offset %zu extends past end of file (%zu bytes)",
+			    ctx, kv->arr_len, vt_name[et], r->pos, r->size);
+	r->pos += bytes;
+	if (et == GGUF_VT_BOOL)
+		return check_bools(r, kv->data, kv->arr_len, ctx);
+	return 0;
+}
+
+/* Parse one tensor info; the data offset (relative to the data section) goes to *off. */
+static int rd_tensor(struct rd *r, struct gguf_tensor *t, uint64_t *off,
+		     uint64_t align, uint64_t idx)
+{
+	char ctx[GGUF_SHOW_MAX + 32], name[GGUF_SHOW_MAX + 4], field[16];
+	uint32_t d, be, bb;
+	uint64_t n = 1;
+	int ret;
+
+	snprintf(ctx, sizeof(ctx), "tensor #%" PRIu64, idx);
+	ret = rd_str(r, &t->name, ctx, "name");
+	if (ret)
+		return ret;
+	if (t->name.len == 0)
+		return fail(r, -EINVAL, "%s: empty tensor name", ctx);
+	snprintf(ctx, sizeof(ctx), "tensor '%s'", show(name, t->name));
+
+	ret = rd_u32(r, &t->n_dims, ctx, "n_dims");
+	if (ret)
+		return ret;
+	if (t->n_dims < 1 || t->n_dims > 4)
+		return fail(r, -EINVAL, "%s: %u dimensions (expected 1..4)", ctx, t->n_dims);
+	for (d = 0; d < 4; d++)
+		t->ne[d] = 1;
+	for (d = 0; d < t->n_dims; d++) {
+		snprintf(field, sizeof(field), "ne[%u]", d);
+		ret = rd_u64(r, &t->ne[d], ctx, field);
+		if (ret)
+			return ret;
+		/* ggml keeps ne in int64_t */
+		if (t->ne[d] < 1 || t->ne[d] > INT64_MAX)
+			return fail(r, -EINVAL, "%s: ne[%u] = %" PRIu64 " out of range",
+				    ctx, d, t->ne[d]);
+		if (mul_ovf(n, t->ne[d], &n) || n > INT64_MAX)
+			return fail(r, -EINVAL, "%s: element count overflows at ne[%u]", ctx, d);
+	}
+	t->n_elems = n;
+
+	ret = rd_u32(r, &t->type, ctx, "type");
+	if (ret)
+		return ret;
+	if (gguf_type_block(t->type, &be, &bb))
+		return fail(r, -ENOTSUP, "%s: unsupported tensor type %u", ctx, t->type);
+	if (t->ne[0] % be)
+		return fail(r, -EINVAL, "%s: ne[0] = %" PRIu64 " is not a multiple of the %s block size (%u)",
+			    ctx, t->ne[0], gguf_type_name(t->type), be);
+	/* n is a multiple of be because ne[0] is */
+	if (mul_ovf(n / be, bb, &t->size))
+		return fail(r, -EINVAL, "%s: byte size overflows", ctx);
+
+	ret = rd_u64(r, off, ctx, "data offset");
+	if (ret)
+		return ret;
+	if (*off % align)
+		return fail(r, -EINVAL, "%s: data offset %" PRIu64 " is not a multiple of the alignment (%" PRIu64 ")",
+			    ctx, *off, align);
+	return 0;
+}
+
+/* general.alignment: optional u32, a power of two; default 32. */
+static int rd_alignment(struct rd *r, const struct gguf_file *f, uint64_t *align)
+{
+	const struct gguf_kv *kv = gguf_find_kv(f, "general.alignment");
+	uint32_t a;
+
+	*align = GGUF_DEFAULT_ALIGN;
+	if (!kv)
+		return 0;
+	if (kv->type != GGUF_VT_U32)
+		return fail(r, -EINVAL, "key 'general.alignment': type %s, expected u32",
+			    vt_name[kv->type]);
+	a = ld_u32(kv->data);
+	if (a == 0 || (a & (a - 1)))
+		return fail(r, -EINVAL, "key 'general.alignment': %u is not a power of two", a);
+	*align = a;
+	return 0;
+}
+
+static int parse(struct rd *r, struct gguf_file *f)
+{
+	char name[GGUF_SHOW_MAX + 4];
+	uint64_t n_kv, n_tensors, i, *offs = NULL;
+	size_t kv_cap = 0, t_cap = 0, o_cap = 0, data_start;
+	struct gguf_str dup;
+	uint32_t magic;
+	int ret;
+
+	if (r->size < GGUF_HDR_BYTES)
+		return fail(r, -EINVAL, "header: file is %zu bytes, smaller than a GGUF header (%d)",
+			    r->size, GGUF_HDR_BYTES);
+	magic = ld_u32(r->base);
+	if (magic != GGUF_MAGIC)
+		return fail(r, -EINVAL, "header: bad magic 0x%08x (expected \"GGUF\"): not a GGUF file", magic);
+	f->version = ld_u32(r->base + 4);
+	if (f->version == 1)
+		return fail(r, -EINVAL, "header: GGUF v1 is not supported (only v2 and v3): re-convert the model");
+	if (f->version != 2 && f->version != 3) {
+		if (f->version == __builtin_bswap32(2) || f->version == __builtin_bswap32(3))
+			return fail(r, -EINVAL, "header: big-endian GGUF files are not supported");
+		return fail(r, -EINVAL, "header: unsupported GGUF version %u (only 2 and 3)", f->version);
+	}
+	n_tensors = ld_u64(r->base + 8);
+	n_kv = ld_u64(r->base + 16);
+	r->pos = GGUF_HDR_BYTES;
+
+	/* each bounded alone first so the sum below cannot overflow */
+	if (n_kv > left(r) / GGUF_MIN_KV_BYTES)
+		return fail(r, -EINVAL, "header: key count %" PRIu64 " cannot fit in a file of %zu bytes",
+			    n_kv, r->size);
+	if (n_tensors > left(r) / GGUF_MIN_TENSOR_BYTES)
+		return fail(r, -EINVAL, "header: tensor count %" PRIu64 " cannot fit in a file of %zu bytes",
+			    n_tensors, r->size);
+	if (n_kv * GGUF_MIN_KV_BYTES + n_tensors * GGUF_MIN_TENSOR_BYTES > left(r))
+		return fail(r, -EINVAL, "header: %" PRIu64 " keys and %" PRIu64 " tensors cannot fit in a file of %zu bytes",
+			    n_kv, n_tensors, r->size);
+
+	for (i = 0; i < n_kv; i++) {
+		if (grow((void **)&f->kv, &kv_cap, f->n_kv, sizeof(*f->kv), n_kv))
+			return fail(r, -ENOMEM, "key #%" PRIu64 ": out of memory", i);
+		memset(&f->kv[f->n_kv], 0, sizeof(*f->kv));
+		/* counted before parsing so gguf_close() frees a half-built index */
+		f->n_kv++;
+		ret = rd_kv(r, &f->kv[i], i);
+		if (ret)
+			return ret;
+	}
+	ret = find_dup(f->kv, sizeof(*f->kv), f->n_kv, &dup);
+	if (ret < 0)
+		return fail(r, ret, "keys: out of memory");
+	if (ret)
+		return fail(r, -EINVAL, "key '%s': appears more than once", show(name, dup));
+
+	ret = rd_alignment(r, f, &f->alignment);
+	if (ret)
+		return ret;
+
+	for (i = 0; i < n_tensors; i++) {
+		if (grow((void **)&f->tensors, &t_cap, f->n_tensors, sizeof(*f->tensors), n_tensors) ||
+		    grow((void **)&offs, &o_cap, f->n_tensors, sizeof(*offs), n_tensors)) {
+			ret = fail(r, -ENOMEM, "tensor #%" PRIu64 ": out of memory", i);
+			goto out;
+		}
+		memset(&f->tensors[i], 0, sizeof(*f->tensors));
+		f->n_tensors++;
+		ret = rd_tensor(r, &f->tensors[i], &offs[i], f->alignment, i);
+		if (ret)
+			goto out;
+	}
+	ret = find_dup(f->tensors, sizeof(*f->tensors), f->n_tensors, &dup);
+	if (ret < 0) {
+		ret = fail(r, ret, "tensors: out of memory");
+		goto out;
+	}
+	if (ret) {
+		ret = fail(r, -EINVAL, "tensor '%s': appears more than once", show(name, dup));
+		goto out;
+	}
+
+	ret = 0;
+	if (f->n_tensors == 0)
+		goto out;
+	/* the data section starts at the next multiple of the alignment */
+	data_start = r->pos + (f->alignment - r->pos % f->alignment) % f->alignment;
+	if (data_start < r->pos || data_start > r->size) {
+		ret = fail(r, -EINVAL, "tensor '%s': data section would start at %zu, past end of file (%zu bytes)",
+			   show(name, f->tensors[0].name), data_start, r->size);
+		goto out;
+	}
+	for (i = 0; i < f->n_tensors; i++) {
+		struct gguf_tensor *t = &f->tensors[i];
+		size_t room = r->size - data_start;
+
+		if (offs[i] > room || t->size > room - offs[i]) {
+			uint64_t beg = offs[i] + data_start, end;
+
+			if (beg < offs[i] || __builtin_add_overflow(beg, t->size, &end))
+				end = UINT64_MAX;
+			if (beg < offs[i])
+				beg = UINT64_MAX;
+			ret = fail(r, -EINVAL, "tensor '%s': data [%" PRIu64 ", %" PRIu64 ") extends past end of file (%zu bytes)",
+				   show(name, t->name), beg, end, r->size);
+			goto out;
+		}
+		t->data = r->base + data_start + offs[i];
+	}
+out:
+	free(offs);
+	return ret;
+}
+
+static void release(struct gguf_priv *p)
+{
+	uint64_t i;
+
+	for (i = 0; i < p->f.n_kv; i++)
+		free(p->f.kv[i].strs);
+	free(p->f.kv);
+	free(p->f.tensors);
+	if (p->mapped)
+		munmap((void *)p->f.base, p->f.size);
+	free(p);
+}
+
+static int open_common(struct gguf_file **out, const void *buf, size_t size,
+		       bool mapped, char *err, size_t errlen)
+{
+	struct rd r = { .base = buf, .size = size, .err = err, .errlen = errlen };
+	struct gguf_priv *p;
+	int ret;
+
+	p = calloc(1, sizeof(*p));
+	if (!p) {
+		if (mapped)
+			munmap((void *)buf, size);
+		return fail(&r, -ENOMEM, "out of memory");
+	}
+	p->f.base = buf;
+	p->f.size = size;
+	p->mapped = mapped;
+	ret = parse(&r, &p->f);
+	if (ret) {
+		release(p);
+		return ret;
+	}
+	*out = &p->f;
+	return 0;
+}
+
+int gguf_open_mem(struct gguf_file **out, const void *buf, size_t size,
+		  char *err, size_t errlen)
+{
+	struct rd r = { .err = err, .errlen = errlen };
+
+	*out = NULL;
+	if (!buf && size)
+		return fail(&r, -EINVAL, "NULL buffer of %zu bytes", size);
+	if (err && errlen)
+		err[0] = '\0';
+	/* a NULL empty buffer is just a too-short file */
+	return open_common(out, buf ? buf : "", size, false, err, errlen);
+}
+
+int gguf_open(struct gguf_file **out, const char *path, char *err, size_t errlen)
+{
+	struct rd r = { .err = err, .errlen = errlen };
+	struct stat st;
+	void *map;
+	int fd, ret;
+
+	*out = NULL;
+	if (err && errlen)
+		err[0] = '\0';
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		ret = -errno;
+		return fail(&r, ret, "open '%s': %s", path, strerror(-ret));
+	}
+	if (fstat(fd, &st)) {
+		ret = -errno;
+		fail(&r, ret, "stat '%s': %s", path, strerror(-ret));
+		goto err_close;
+	}
+	if (!S_ISREG(st.st_mode)) {
+		ret = fail(&r, -EINVAL, "'%s' is not a regular file", path);
+		goto err_close;
+	}
+	if (st.st_size < GGUF_HDR_BYTES) {
+		ret = fail(&r, -EINVAL, "header: '%s' is %jd bytes, smaller than a GGUF header (%d)",
+			   path, (intmax_t)st.st_size, GGUF_HDR_BYTES);
+		goto err_close;
+	}
+	if ((uintmax_t)st.st_size > SIZE_MAX) {
+		ret = fail(&r, -EFBIG, "'%s' is too large to map", path);
+		goto err_close;
+	}
+	map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+	if (map == MAP_FAILED) {
+		ret = -errno;
+		fail(&r, ret, "mmap '%s': %s", path, strerror(-ret));
+		goto err_close;
+	}
+	close(fd);
+	return open_common(out, map, (size_t)st.st_size, true, err, errlen);
+
+err_close:
+	close(fd);
+	return ret;
+}
+
+void gguf_close(struct gguf_file *f)
+{
+	if (f)
+		release((struct gguf_priv *)((char *)f - offsetof(struct gguf_priv, f)));
+}
+
+const struct gguf_kv *gguf_find_kv(const struct gguf_file *f, const char *key)
+{
+	size_t len;
+	uint64_t i;
+
+	if (!f || !key)
+		return NULL;
+	len = strlen(key);
+	for (i = 0; i < f->n_kv; i++)
+		if (f->kv[i].key.len == len && !memcmp(f->kv[i].key.ptr, key, len))
+			return &f->kv[i];
+	return NULL;
+}
+
+const struct gguf_tensor *gguf_find_tensor(const struct gguf_file *f, const char *name)
+{
+	size_t len;
+	uint64_t i;
+
+	if (!f || !name)
+		return NULL;
+	len = strlen(name);
+	for (i = 0; i < f->n_tensors; i++)
+		if (f->tensors[i].name.len == len && !memcmp(f->tensors[i].name.ptr, name, len))
+			return &f->tensors[i];
+	return NULL;
+}
+
+/* Any integer kv as a u64; -EINVAL for other types and negative values. */
+static int kv_uint(const struct gguf_kv *kv, uint64_t *v)
+{
+	const void *p = kv->data;
+	int64_t s;
+
+	switch (kv->type) {
+	case GGUF_VT_U8:  *v = *(const uint8_t *)p; return 0;
+	case GGUF_VT_U16: { uint16_t x; memcpy(&x, p, 2); *v = x; return 0; }
+	case GGUF_VT_U32: *v = ld_u32(p); return 0;
+	case GGUF_VT_U64: *v = ld_u64(p); return 0;
+	case GGUF_VT_I8:  s = *(const int8_t *)p; break;
+	case GGUF_VT_I16: { int16_t x; memcpy(&x, p, 2); s = x; break; }
+	case GGUF_VT_I32: { int32_t x; memcpy(&x, p, 4); s = x; break; }
+	case GGUF_VT_I64: memcpy(&s, p, 8); break;
+	default:
+		return -EINVAL;
+	}
+	if (s < 0)
+		return -EINVAL;
+	*v = (uint64_t)s;
+	return 0;
+}
+
+int gguf_get_u32(const struct gguf_file *f, const char *key, uint32_t *out)
+{
+	const struct gguf_kv *kv = gguf_find_kv(f, key);
+	uint64_t v;
+
+	if (!kv)
+		return -ENOENT;
+	if (kv_uint(kv, &v) || v > UINT32_MAX)
+		return -EINVAL;
+	*out = (uint32_t)v;
+	return 0;
+}
+
+int gguf_get_f32(const struct gguf_file *f, const char *key, float *out)
+{
+	const struct gguf_kv *kv = gguf_find_kv(f, key);
+
+	if (!kv)
+		return -ENOENT;
+	if (kv->type == GGUF_VT_F32) {
+		memcpy(out, kv->data, sizeof(*out));
+		return 0;
+	}
+	if (kv->type == GGUF_VT_F64) {
+		double d;
+
+		memcpy(&d, kv->data, sizeof(d));
+		*out = (float)d;
+		return 0;
+	}
+	return -EINVAL;
+}
+
+int gguf_get_bool(const struct gguf_file *f, const char *key, int *out)
+{
+	const struct gguf_kv *kv = gguf_find_kv(f, key);
+
+	if (!kv)
+		return -ENOENT;
+	if (kv->type != GGUF_VT_BOOL)
+		return -EINVAL;
+	*out = *(const uint8_t *)kv->data != 0;
+	return 0;
+}
+
+int gguf_get_str(const struct gguf_file *f, const char *key, struct gguf_str *out)
+{
+	const struct gguf_kv *kv = gguf_find_kv(f, key);
+
+	if (!kv)
+		return -ENOENT;
+	if (kv->type != GGUF_VT_STRING)
+		return -EINVAL;
+	out->len = ld_u64(kv->data);
+	out->ptr = (const char *)kv->data + 8;
+	return 0;
+}
+
+int gguf_get_arr(const struct gguf_file *f, const char *key, uint32_t elem_type,
+		 const void **data, uint64_t *n)
+{
+	const struct gguf_kv *kv = gguf_find_kv(f, key);
+
+	if (!kv)
+		return -ENOENT;
+	if (kv->type != GGUF_VT_ARRAY || kv->arr_type != elem_type)
+		return -EINVAL;
+	if (data)
+		*data = kv->data;
+	if (n)
+		*n = kv->arr_len;
+	return 0;
+}
+
+struct gguf_str gguf_arr_str(const struct gguf_kv *kv, uint64_t i)
+{
+	struct gguf_str none = { NULL, 0 };
+
+	if (!kv || !kv->strs || i >= kv->arr_len)
+		return none;
+	return kv->strs[i];
+}
