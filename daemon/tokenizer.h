@@ -1,0 +1,109 @@
+/* tokenizer.h — BPE tokenizers (GPT-2 byte-level, SentencePiece) read from GGUF metadata. */
+#ifndef KVD_TOKENIZER_H
+#define KVD_TOKENIZER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct gguf_file;
+struct tokenizer;
+
+#define TOK_NONE UINT32_MAX
+
+/*
+ * Build a tokenizer from the tokenizer.ggml.* keys of f (which must outlive
+ * it: token texts are read in place). Returns 0 or -errno with a message in
+ * err: -ENOTSUP for a tokenizer model other than "gpt2"/"llama" or an
+ * unknown tokenizer.ggml.pre (the message names it), -EINVAL for malformed
+ * vocabulary or merges, -ENOMEM. A "gpt2" model without a pre key gets
+ * llama.cpp's "default" pre-tokenizer. The tokenizer is immutable: any
+ * number of threads may use it at once. Free with tokenizer_destroy().
+ */
+int tokenizer_create(struct tokenizer **out, const struct gguf_file *f,
+		     char *err, size_t errlen);
+void tokenizer_destroy(struct tokenizer *t);
+
+uint32_t tokenizer_vocab_size(const struct tokenizer *t);
+uint32_t tokenizer_bos(const struct tokenizer *t);	/* TOK_NONE if none */
+uint32_t tokenizer_eos(const struct tokenizer *t);	/* TOK_NONE if none */
+uint32_t tokenizer_eot(const struct tokenizer *t);	/* end of turn (<|im_end|>, <|eot_id|>), TOK_NONE if none */
+int tokenizer_add_bos(const struct tokenizer *t);	/* the model wants BOS prepended */
+/* True for every token that ends generation (EOS, EOT and the like). */
+int tokenizer_is_eog(const struct tokenizer *t, uint32_t id);
+
+/*
+ * Encode len bytes of text, ids identical to llama.cpp's llama_tokenize().
+ * add_bos: prepend the BOS token if the vocabulary has one (pass
+ * tokenizer_add_bos(t) for the model's own choice). parse_special: text
+ * spelling a control token (e.g. <|im_start|>) becomes that token;
+ * otherwise it is encoded as plain text. User-defined tokens are matched
+ * either way. Ill-formed UTF-8 is read as U+FFFD per bad byte by the BPE
+ * pre-tokenizer (llama.cpp aborts on it); SentencePiece keeps the bytes.
+ * Writes at most cap ids to out (NULL with cap 0 to count); returns the
+ * number of ids the text needs (which may be more than cap: nothing past
+ * cap is written), or -errno (-ENOMEM, -E2BIG past 4 GiB).
+ */
+int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len,
+		     int add_bos, int parse_special, uint32_t *out, size_t cap);
+
+/*
+ * The bytes one token stands for (byte-level/SentencePiece markers undone;
+ * control tokens give their text only if render_special). Returns the byte
+ * count (may exceed cap; nothing past cap is written) or -ERANGE for an id
+ * outside the vocabulary.
+ */
+int tokenizer_token_bytes(const struct tokenizer *t, uint32_t id, int render_special,
+			  char *buf, size_t cap);
+
+/*
+ * Streaming detokenizer: holds back an incomplete UTF-8 sequence. Start it
+ * zeroed, one per stream; control tokens render nothing.
+ */
+struct tok_decoder {
+	uint8_t pending[8];	/* at most 3 used: an unfinished well-formed prefix */
+	uint32_t n_pending;
+	uint32_t n_emitted;	/* tokens that gave bytes; SentencePiece drops the first one's leading space */
+};
+
+/*
+ * Feed one token; writes only complete UTF-8 characters to out and returns
+ * their byte count, or -errno (-ERANGE bad id, -ENOSPC when cap cannot hold
+ * what this call would write: the decoder is then unchanged, -ENOMEM). A
+ * byte sequence that can never become valid UTF-8 (maximal ill-formed
+ * subpart) is emitted as one U+FFFD, so cap >= 3 * (token bytes + 3) always
+ * suffices.
+ */
+int tok_decoder_feed(const struct tokenizer *t, struct tok_decoder *d, uint32_t id,
+		     char *out, size_t cap);
+/* Flush what is pending at end of stream (as U+FFFD if incomplete); bytes written or -ENOSPC. */
+int tok_decoder_flush(struct tok_decoder *d, char *out, size_t cap);
+
+/*
+ * Whole-sequence decode: the tokens' exact bytes (no U+FFFD substitution),
+ * control tokens omitted, SentencePiece's leading space dropped. Returns
+ * bytes needed (may exceed cap; nothing past cap is written, no NUL) or
+ * -errno (-ERANGE for an id outside the vocabulary).
+ */
+int tokenizer_decode(const struct tokenizer *t, const uint32_t *ids, size_t n,
+		     char *out, size_t cap);
+
+struct chat_msg {
+	const char *role;	/* "system", "user", "assistant" */
+	const char *content;
+};
+
+/*
+ * Render messages with the model's chat template (tokenizer.chat_template),
+ * recognising the template families in use (ChatML <|im_start|>, Llama 2
+ * [INST], Llama 3 header ids), including a default system prompt the
+ * template inserts (ChatML: a literal system turn in the template, used
+ * when the first message is not a system one). add_assistant: end with the
+ * assistant turn's opening. BOS is not written: encode with add_bos.
+ * Returns bytes needed (excluding NUL; may exceed cap, output always
+ * NUL-terminated when cap > 0), -EINVAL for a NULL role or content, or
+ * -ENOTSUP if the model has no template kvd recognises.
+ */
+int tokenizer_chat_format(const struct tokenizer *t, const struct chat_msg *msgs,
+			  size_t n, int add_assistant, char *out, size_t cap);
+
+#endif
