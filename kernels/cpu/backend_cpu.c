@@ -1,0 +1,319 @@
+/* backend_cpu.c — the CPU backend: the vtable, the threaded matmul driver and row-parallel ops. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "kernels/backend.h"
+#include "kernels/cpu/dot.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/quant.h"
+#include "kernels/cpu/threadpool.h"
+
+struct cpu_backend {
+	struct backend base;
+	struct threadpool *tp;
+	struct blk_q8x *xq;	/* (n, cols / QK) activation blocks of the current matmul */
+	size_t xq_cap;		/* blocks */
+	float *rope_cs;		/* (rope_npos, rot_dim / 2, 2) cos/sin cache */
+	uint32_t rope_npos;
+	uint32_t rope_dim;
+	float rope_theta;
+};
+
+#define CPU(b) ((struct cpu_backend *)(b))
+
+/* ---- matmul ---- */
+
+struct mm_job {
+	const struct kb_weight *w;
+	float *y;			/* (n, rows) */
+	const float *x;			/* (n, cols) */
+	struct blk_q8x *xq;		/* (n, nblk) */
+	uint32_t n;
+	size_t nblk;
+	uint32_t rows_per_task;
+	qdot_fn qdot;
+	fdot_fn fdot;
+};
+
+static void mm_quantize_task(void *ctx, uint32_t t)
+{
+	struct mm_job *j = ctx;
+	quantize_row_q8x(j->x + (size_t)t * j->w->cols, j->xq + (size_t)t * j->nblk, j->w->cols);
+}
+
+/*
+ * A task owns a run of weight rows and serves every activation row with
+ * them, four at a time, so a weight row is read from memory once per step.
+ */
+static void mm_dot_task(void *ctx, uint32_t t)
+{
+	struct mm_job *j = ctx;
+	const struct kb_weight *w = j->w;
+	uint32_t r0 = t * j->rows_per_task;
+	uint32_t r1 = r0 + j->rows_per_task < w->rows ? r0 + j->rows_per_task : w->rows;
+	for (uint32_t xt = 0; xt < j->n; xt += DOT_MAX_NR) {
+		int nr = j->n - xt < DOT_MAX_NR ? (int)(j->n - xt) : DOT_MAX_NR;
+		float *y = j->y + (size_t)xt * w->rows;
+		for (uint32_t r = r0; r < r1; r++) {
+			const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
+			if (j->qdot)
+				j->qdot(row, j->xq + (size_t)xt * j->nblk, j->nblk, nr, j->nblk,
+					y + r, w->rows);
+			else
+				j->fdot(row, j->x + (size_t)xt * w->cols, w->cols, nr, w->cols,
+					y + r, w->rows);
+		}
+	}
+}
+
+static int cpu_matmul(struct backend *b, float *y, const struct kb_weight *w,
+		      const float *x, uint32_t n)
+{
+	struct cpu_backend *cb = CPU(b);
+	struct mm_job j = { .w = w, .y = y, .x = x, .n = n };
+	if (n == 0)
+		return 0;
+	if (type_is_quantized(w->type)) {
+		if (w->cols % QK)
+			return -EINVAL;
+		j.qdot = dot_select_q(w->type);
+		j.nblk = w->cols / QK;
+		size_t need = (size_t)n * j.nblk;
+		if (need > cb->xq_cap) {
+			struct blk_q8x *p = realloc(cb->xq, need * sizeof(*p));
+			if (!p)
+				return -ENOMEM;
+			cb->xq = p;
+			cb->xq_cap = need;
+		}
+		j.xq = cb->xq;
+		threadpool_run(cb->tp, mm_quantize_task, &j, n);
+	} else {
+		j.fdot = dot_select_f(w->type);
+	}
+	if (!j.qdot && !j.fdot)
+		return -ENOTSUP;
+	/* Enough tasks to balance the threads, few enough to keep per-task overhead small. */
+	uint32_t nt = threadpool_size(cb->tp) * 8;
+	uint32_t rpt = (w->rows + nt - 1) / nt;
+	rpt = rpt < 4 ? 4 : rpt > 64 ? 64 : rpt;
+	j.rows_per_task = rpt;
+	threadpool_run(cb->tp, mm_dot_task, &j, (w->rows + rpt - 1) / rpt);
+	return 0;
+}
+
+/* ---- row-parallel ops ---- */
+
+struct row_job {
+	float *out;
+	const float *x;
+	const float *y;
+	const float *g;
+	const uint32_t *pos;
+	const uint32_t *ids;
+	const struct kb_weight *w;
+	const struct kb_kv_view *kv;
+	const struct kb_attn_shape *shape;
+	struct cpu_backend *cb;
+	uint32_t dim;
+	uint32_t n_heads;
+	uint32_t head_dim;
+	uint32_t rot_dim;
+	int neox;
+	int failed;
+	float eps;
+};
+
+static void rmsnorm_task(void *ctx, uint32_t r)
+{
+	struct row_job *j = ctx;
+	size_t o = (size_t)r * j->dim;
+	ops_rmsnorm_row(j->out + o, j->x + o, j->g, j->dim, j->eps);
+}
+
+static int cpu_rmsnorm(struct backend *b, float *out, const float *x, const float *g,
+		       uint32_t n, uint32_t dim, float eps)
+{
+	struct row_job j = { .out = out, .x = x, .g = g, .dim = dim, .eps = eps };
+	threadpool_run(CPU(b)->tp, rmsnorm_task, &j, n);
+	return 0;
+}
+
+static void swiglu_task(void *ctx, uint32_t r)
+{
+	struct row_job *j = ctx;
+	size_t o = (size_t)r * j->dim;
+	ops_swiglu_row(j->out + o, j->x + o, j->y + o, j->dim);
+}
+
+static int cpu_swiglu(struct backend *b, float *out, const float *gate, const float *up,
+		      uint32_t n, uint32_t dim)
+{
+	struct row_job j = { .out = out, .x = gate, .y = up, .dim = dim };
+	threadpool_run(CPU(b)->tp, swiglu_task, &j, n);
+	return 0;
+}
+
+static int cpu_add(struct backend *b, float *x, const float *y, uint32_t n, uint32_t dim)
+{
+	(void)b;
+	size_t total = (size_t)n * dim;
+	for (size_t i = 0; i < total; i++)
+		x[i] += y[i];
+	return 0;
+}
+
+/* Grow the cos/sin cache to cover positions < npos for this rotation. */
+static int rope_cache(struct cpu_backend *cb, uint32_t npos, uint32_t rot_dim, float theta)
+{
+	if (cb->rope_dim != rot_dim || cb->rope_theta != theta) {
+		cb->rope_npos = 0;
+		cb->rope_dim = rot_dim;
+		cb->rope_theta = theta;
+	}
+	if (npos <= cb->rope_npos)
+		return 0;
+	uint32_t want = npos < 2 * cb->rope_npos ? 2 * cb->rope_npos : npos;
+	float *p = realloc(cb->rope_cs, (size_t)want * rot_dim * sizeof(float));
+	if (!p)
+		return -ENOMEM;
+	cb->rope_cs = p;
+	for (uint32_t i = cb->rope_npos; i < want; i++)
+		ops_rope_table(p + (size_t)i * rot_dim, i, rot_dim, theta);
+	cb->rope_npos = want;
+	return 0;
+}
+
+static void rope_task(void *ctx, uint32_t r)
+{
+	struct row_job *j = ctx;
+	ops_rope_row(j->out + (size_t)r * j->n_heads * j->head_dim,
+		     j->cb->rope_cs + (size_t)j->pos[r] * j->rot_dim, j->n_heads, j->head_dim,
+		     j->rot_dim, j->neox);
+}
+
+static int cpu_rope(struct backend *b, float *x, const uint32_t *pos, uint32_t n,
+		    uint32_t n_heads, uint32_t head_dim, uint32_t rot_dim, float theta, int neox)
+{
+	struct cpu_backend *cb = CPU(b);
+	if (rot_dim > head_dim || rot_dim % 2)
+		return -EINVAL;
+	uint32_t maxp = 0;
+	for (uint32_t r = 0; r < n; r++)
+		maxp = pos[r] > maxp ? pos[r] : maxp;
+	int rc = rope_cache(cb, maxp + 1, rot_dim, theta);
+	if (rc)
+		return rc;
+	struct row_job j = { .out = x, .pos = pos, .cb = cb, .n_heads = n_heads,
+			     .head_dim = head_dim, .rot_dim = rot_dim, .neox = neox };
+	threadpool_run(cb->tp, rope_task, &j, n);
+	return 0;
+}
+
+static void get_rows_task(void *ctx, uint32_t r)
+{
+	struct row_job *j = ctx;
+	const struct kb_weight *w = j->w;
+	dequantize_row(w->type, (const uint8_t *)w->data + (size_t)j->ids[r] * w->row_bytes,
+		       j->out + (size_t)r * w->cols, w->cols);
+}
+
+static int cpu_get_rows(struct backend *b, float *out, const struct kb_weight *w,
+			const uint32_t *ids, uint32_t n)
+{
+	for (uint32_t r = 0; r < n; r++)
+		if (ids[r] >= w->rows)
+			return -ERANGE;
+	if (kb_type_block(w->type, NULL, NULL))
+		return -ENOTSUP;
+	struct row_job j = { .out = out, .ids = ids, .w = w };
+	threadpool_run(CPU(b)->tp, get_rows_task, &j, n);
+	return 0;
+}
+
+static int cpu_write_kv(struct backend *b, const struct kb_kv_view *kv, const uint32_t *pos,
+			uint32_t n, uint32_t kv_dim, const float *k, const float *v)
+{
+	(void)b;
+	for (uint32_t r = 0; r < n; r++) {
+		if (pos[r] >= kv->n_ctx)
+			return -ERANGE;
+		uint16_t *kd = kv->k + (size_t)pos[r] * kv_dim, *vd = kv->v + (size_t)pos[r] * kv_dim;
+		for (uint32_t i = 0; i < kv_dim; i++) {
+			kd[i] = f32_to_fp16(k[(size_t)r * kv_dim + i]);
+			vd[i] = f32_to_fp16(v[(size_t)r * kv_dim + i]);
+		}
+	}
+	return 0;
+}
+
+static void attention_task(void *ctx, uint32_t t)
+{
+	struct row_job *j = ctx;
+	const struct kb_attn_shape *sh = j->shape;
+	uint32_t r = t / sh->n_kv_heads, kvh = t % sh->n_kv_heads;
+	size_t qoff = (size_t)r * sh->n_heads * sh->head_dim +
+		      (size_t)kvh * (sh->n_heads / sh->n_kv_heads) * sh->head_dim;
+	if (ops_attention_group(j->out + qoff, j->x + qoff, j->kv, j->pos[r], kvh, sh))
+		__atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
+}
+
+static int cpu_attention(struct backend *b, float *out, const float *q,
+			 const struct kb_kv_view *kv, const uint32_t *pos, uint32_t n,
+			 const struct kb_attn_shape *shape)
+{
+	if (shape->n_kv_heads == 0 || shape->n_heads % shape->n_kv_heads ||
+	    shape->n_heads / shape->n_kv_heads > 16 || shape->head_dim > 256)
+		return -EINVAL;
+	for (uint32_t r = 0; r < n; r++)
+		if (pos[r] >= kv->n_ctx)
+			return -ERANGE;
+	struct row_job j = { .out = out, .x = q, .kv = kv, .pos = pos, .shape = shape };
+	threadpool_run(CPU(b)->tp, attention_task, &j, n * shape->n_kv_heads);
+	return j.failed ? -ENOMEM : 0;
+}
+
+static void cpu_destroy(struct backend *b)
+{
+	struct cpu_backend *cb = CPU(b);
+	if (!cb)
+		return;
+	threadpool_destroy(cb->tp);
+	free(cb->xq);
+	free(cb->rope_cs);
+	free(cb);
+}
+
+static const struct backend_ops cpu_ops = {
+	.name = "cpu",
+	.destroy = cpu_destroy,
+	.matmul = cpu_matmul,
+	.get_rows = cpu_get_rows,
+	.rmsnorm = cpu_rmsnorm,
+	.rope = cpu_rope,
+	.swiglu = cpu_swiglu,
+	.add = cpu_add,
+	.write_kv = cpu_write_kv,
+	.attention = cpu_attention,
+};
+
+int backend_cpu_create(struct backend **out, uint32_t n_threads)
+{
+	if (n_threads == 0) {
+		long n = sysconf(_SC_NPROCESSORS_ONLN);
+		n_threads = n > 0 ? (uint32_t)n : 1;
+	}
+	struct cpu_backend *cb = calloc(1, sizeof(*cb));
+	if (!cb)
+		return -ENOMEM;
+	int rc = threadpool_create(&cb->tp, n_threads);
+	if (rc) {
+		free(cb);
+		return rc;
+	}
+	cb->base.ops = &cpu_ops;
+	cb->base.n_threads = n_threads;
+	*out = &cb->base;
+	return 0;
+}

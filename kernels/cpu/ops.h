@@ -1,0 +1,30 @@
+/* ops.h — f32 row-wise kernels of the CPU backend: norms, RoPE, activations, attention. */
+#ifndef KVD_CPU_OPS_H
+#define KVD_CPU_OPS_H
+
+#include <stdint.h>
+#include "kernels/backend.h"
+
+/* e^x to ~1 ulp over the f32 range, branch-free so loops over it vectorise. */
+float fast_expf(float x);
+
+/* out (dim,) = x / sqrt(mean(x^2) + eps) * g */
+void ops_rmsnorm_row(float *out, const float *x, const float *g, uint32_t dim, float eps);
+/* out (dim,) = silu(gate) * up */
+void ops_swiglu_row(float *out, const float *gate, const float *up, uint32_t dim);
+/* x (n_heads, head_dim) rotated by the (cos, sin) pairs cs (rot_dim / 2, 2) */
+void ops_rope_row(float *x, const float *cs, uint32_t n_heads, uint32_t head_dim,
+		  uint32_t rot_dim, int neox);
+/* The (cos, sin) table of one position: cs (rot_dim / 2, 2) */
+void ops_rope_table(float *cs, uint32_t pos, uint32_t rot_dim, float theta);
+
+/*
+ * Attention of one query row at position pos against kv head kvh, for the
+ * group of query heads kvh serves: out and q are (group, head_dim) slices.
+ * Scores, softmax and the weighted sum of V each run in position order.
+ * Returns 0 or -ENOMEM.
+ */
+int ops_attention_group(float *out, const float *q, const struct kb_kv_view *kv,
+			 uint32_t pos, uint32_t kvh, const struct kb_attn_shape *shape);
+
+#endif

@@ -1,0 +1,96 @@
+/* quant.h — GGUF block formats, their dequantization, and 8-bit activation blocks. */
+#ifndef KVD_CPU_QUANT_H
+#define KVD_CPU_QUANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define QK 32		/* elements per small block, and per activation block */
+#define QK_K 256	/* elements per K-quant super-block */
+
+struct blk_q4_0 {
+	uint16_t d;		/* f16 scale */
+	uint8_t qs[QK / 2];	/* x[i] = d * (nibble - 8); low nibbles 0..15, high 16..31 */
+};
+
+struct blk_q4_1 {
+	uint16_t d;		/* f16 scale */
+	uint16_t m;		/* f16 minimum */
+	uint8_t qs[QK / 2];	/* x[i] = d * nibble + m; low nibbles 0..15, high 16..31 */
+};
+
+struct blk_q8_0 {
+	uint16_t d;		/* f16 scale */
+	int8_t qs[QK];		/* x[i] = d * qs[i] */
+};
+
+struct blk_q4_k {
+	uint16_t d;		/* f16 super-scale of the 6-bit scales */
+	uint16_t dmin;		/* f16 super-scale of the 6-bit mins */
+	uint8_t scales[12];	/* 8 sub-blocks x (6-bit scale, 6-bit min), packed */
+	uint8_t qs[QK_K / 2];	/* 64-element chunks: low nibbles sub-block 2j, high 2j+1 */
+};
+
+struct blk_q6_k {
+	uint8_t ql[QK_K / 2];	/* low 4 bits */
+	uint8_t qh[QK_K / 4];	/* high 2 bits */
+	int8_t scales[QK_K / 16]; /* one per 16 elements */
+	uint16_t d;		/* f16 super-scale */
+};
+
+_Static_assert(sizeof(struct blk_q4_0) == 18, "q4_0");
+_Static_assert(sizeof(struct blk_q4_1) == 20, "q4_1");
+_Static_assert(sizeof(struct blk_q8_0) == 34, "q8_0");
+_Static_assert(sizeof(struct blk_q4_k) == 144, "q4_k");
+_Static_assert(sizeof(struct blk_q6_k) == 210, "q6_k");
+
+/*
+ * An activation block: x[i] ~ d * qs[i]; s = d * sum(qs) for the min terms.
+ * d and s hold f16-representable values (like ggml's q8_0/q8_1 blocks), so
+ * results agree with other GGUF runtimes to the last bit where they can.
+ */
+struct blk_q8x {
+	float d;
+	float s;
+	int8_t qs[QK];
+};
+
+float fp16_to_f32(uint16_t h);
+uint16_t f32_to_fp16(float f);	/* round to nearest even */
+float bf16_to_f32(uint16_t h);
+
+/* f rounded to the nearest f16 value. */
+static inline float fp16_round(float f)
+{
+	return fp16_to_f32(f32_to_fp16(f));
+}
+
+/* y (n,) = the n elements of one row of type starting at src; n % block == 0. */
+int dequantize_row(uint32_t type, const void *src, float *y, size_t n);
+
+/* Quantize x (n,) to n / QK activation blocks; n % QK == 0. */
+void quantize_row_q8x(const float *x, struct blk_q8x *y, size_t n);
+
+/*
+ * One 32-element sub-block of a weight row in integer form: values v (the
+ * integers the format stores, offsets applied), an integer scale per group
+ * of 4 lanes' worth (lane j covers elements 4j..4j+3), a float scale dw and
+ * a float min coefficient mw, such that
+ *   sum_i w[i] x[i] = dw * dx * sum_j ls[j] * (sum_{i in lane j} v[i] q[i]) + mw * s_x
+ * for an activation block (dx, s_x, q). Every dot-product kernel, portable
+ * or SIMD, accumulates exactly this decomposition in the same order, which
+ * makes results identical across code paths.
+ */
+struct wsub {
+	int16_t v[QK];
+	int32_t ls[8];
+	float dw;
+	float mw;
+};
+
+/* Sub-block k (0-based, in units of QK elements) of a row of a quantized type. */
+void unpack_wsub(uint32_t type, const void *row, size_t k, struct wsub *out);
+/* Whether a type takes the integer (activation-quantized) path. */
+int type_is_quantized(uint32_t type);
+
+#endif
