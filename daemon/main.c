@@ -1,0 +1,325 @@
+/* main.c — kvd's entry point: for now the in-process run (--prompt) and model inspection (--info). */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "daemon/engine.h"
+#include "daemon/gguf.h"
+#include "daemon/model.h"
+#include "daemon/sampler.h"
+#include "daemon/tokenizer.h"
+#include "kernels/backend.h"
+
+#define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+#define PREFILL_ROWS 512
+
+struct options {
+	const char *model;
+	const char *prompt;
+	const char *system;
+	int n_predict;
+	int chat;
+	int info;
+	uint32_t threads;
+	uint32_t ctx;
+	struct sampler_params sp;
+};
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: kvd [--model PATH] --prompt TEXT [options]\n"
+		"       kvd [--model PATH] --info\n"
+		"\n"
+		"  -m, --model PATH        GGUF model (default $KVD_MODEL or " DEFAULT_MODEL ")\n"
+		"  -p, --prompt TEXT       generate a continuation of TEXT and exit\n"
+		"  -n, --n-predict N       tokens to generate (default 128)\n"
+		"      --chat              wrap the prompt in the model's chat template\n"
+		"      --system TEXT       system message for --chat\n"
+		"      --temp T            temperature (default 0: greedy)\n"
+		"      --top-k K           keep the K most likely tokens (0: off)\n"
+		"      --top-p P           nucleus sampling mass (1: off)\n"
+		"      --min-p P           drop tokens below P x the top probability (0: off)\n"
+		"      --repeat-penalty R  penalise the last 64 tokens (1: off)\n"
+		"      --seed S            sampler seed (default 0)\n"
+		"  -t, --threads N         compute threads (default: all cores)\n"
+		"      --ctx N             context length (default: the model's, at most 4096)\n"
+		"      --info              print the model's metadata and exit\n"
+		"  -h, --help\n");
+}
+
+static int parse_num(const char *s, double lo, double hi, double *out)
+{
+	char *end;
+	errno = 0;
+	double v = strtod(s, &end);
+	if (errno || end == s || *end || v < lo || v > hi)
+		return -EINVAL;
+	*out = v;
+	return 0;
+}
+
+static int parse_args(int argc, char **argv, struct options *o)
+{
+	enum { O_CHAT = 256, O_SYSTEM, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_REP, O_SEED, O_CTX, O_INFO };
+	static const struct option longopts[] = {
+		{ "model", required_argument, NULL, 'm' },
+		{ "prompt", required_argument, NULL, 'p' },
+		{ "n-predict", required_argument, NULL, 'n' },
+		{ "threads", required_argument, NULL, 't' },
+		{ "chat", no_argument, NULL, O_CHAT },
+		{ "system", required_argument, NULL, O_SYSTEM },
+		{ "temp", required_argument, NULL, O_TEMP },
+		{ "top-k", required_argument, NULL, O_TOPK },
+		{ "top-p", required_argument, NULL, O_TOPP },
+		{ "min-p", required_argument, NULL, O_MINP },
+		{ "repeat-penalty", required_argument, NULL, O_REP },
+		{ "seed", required_argument, NULL, O_SEED },
+		{ "ctx", required_argument, NULL, O_CTX },
+		{ "info", no_argument, NULL, O_INFO },
+		{ "help", no_argument, NULL, 'h' },
+		{ 0 },
+	};
+	const char *env = getenv("KVD_MODEL");
+	o->model = env && *env ? env : DEFAULT_MODEL;
+	o->n_predict = 128;
+	sampler_params_default(&o->sp);
+	int c;
+	double v;
+	while ((c = getopt_long(argc, argv, "m:p:n:t:h", longopts, NULL)) != -1) {
+		int rc = 0;
+		switch (c) {
+		case 'm': o->model = optarg; break;
+		case 'p': o->prompt = optarg; break;
+		case 'n': rc = parse_num(optarg, 0, 1 << 20, &v); o->n_predict = (int)v; break;
+		case 't': rc = parse_num(optarg, 1, 1024, &v); o->threads = (uint32_t)v; break;
+		case O_CHAT: o->chat = 1; break;
+		case O_SYSTEM: o->system = optarg; break;
+		case O_TEMP: rc = parse_num(optarg, 0, 100, &v); o->sp.temperature = (float)v; break;
+		case O_TOPK: rc = parse_num(optarg, 0, 1 << 24, &v); o->sp.top_k = (uint32_t)v; break;
+		case O_TOPP: rc = parse_num(optarg, 0, 1, &v); o->sp.top_p = (float)v; break;
+		case O_MINP: rc = parse_num(optarg, 0, 1, &v); o->sp.min_p = (float)v; break;
+		case O_REP: rc = parse_num(optarg, 0, 100, &v); o->sp.repeat_penalty = (float)v; break;
+		case O_SEED: rc = parse_num(optarg, 0, 18446744073709551615.0, &v); o->sp.seed = (uint64_t)v; break;
+		case O_CTX: rc = parse_num(optarg, 1, 1 << 24, &v); o->ctx = (uint32_t)v; break;
+		case O_INFO: o->info = 1; break;
+		case 'h': usage(stdout); exit(0);
+		default: return -EINVAL;
+		}
+		if (rc) {
+			fprintf(stderr, "kvd: bad value '%s' for option %s\n", optarg, argv[optind - 1]);
+			return rc;
+		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "kvd: unexpected argument '%s'\n", argv[optind]);
+		return -EINVAL;
+	}
+	if (!o->prompt && !o->info) {
+		fprintf(stderr, "kvd: nothing to do: give --prompt TEXT or --info (the daemon mode is not built yet)\n");
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void print_info(const struct model *m)
+{
+	const struct model_hparams *hp = &m->hp;
+	const struct gguf_file *f = m->gguf;
+	printf("model        %s\n", hp->name);
+	printf("architecture %s (GGUF v%u, %llu tensors, %llu metadata keys)\n", hp->arch,
+	       f->version, (unsigned long long)f->n_tensors, (unsigned long long)f->n_kv);
+	printf("layers       %u\n", hp->n_layers);
+	printf("dim          %u (heads %u, kv heads %u, head dim %u)\n", hp->dim, hp->n_heads,
+	       hp->n_kv_heads, hp->head_dim);
+	printf("ffn          %u\n", hp->ffn_dim);
+	printf("vocab        %u\n", hp->vocab);
+	printf("context      %u\n", hp->ctx_len);
+	printf("rope         theta %g, %u dims\n", (double)hp->rope_theta, hp->rot_dim);
+	printf("norm eps     %g\n", (double)hp->norm_eps);
+	printf("output       %s\n", hp->tied_output ? "tied to token_embd" : "separate");
+	printf("kv per token %zu bytes at f16\n", model_kv_bytes_per_token(m, 2));
+	uint64_t counts[GGUF_T_LAST] = {0};
+	for (uint64_t i = 0; i < f->n_tensors; i++)
+		if (f->tensors[i].type < GGUF_T_LAST)
+			counts[f->tensors[i].type]++;
+	printf("tensor types");
+	for (uint32_t t = 0; t < GGUF_T_LAST; t++)
+		if (counts[t])
+			printf(" %s:%llu", gguf_type_name(t), (unsigned long long)counts[t]);
+	printf("\n");
+}
+
+/* Write a token's text through the streaming decoder. */
+static void emit(const struct tokenizer *tok, struct tok_decoder *dec, uint32_t id)
+{
+	char buf[512];
+	int n = tok_decoder_feed(tok, dec, id, buf, sizeof(buf));
+	if (n > 0)
+		fwrite(buf, 1, (size_t)n, stdout);
+	fflush(stdout);
+}
+
+static int generate(const struct options *o, struct model *m, struct backend *be)
+{
+	char err[256];
+	struct tokenizer *tok = NULL;
+	struct engine *eng = NULL;
+	struct sampler *smp = NULL;
+	struct engine_seq seq = {0};
+	struct engine_row *rows = NULL;
+	uint32_t *ids = NULL;
+	float *logits = NULL;
+	char *text = NULL;
+	int rc = tokenizer_create(&tok, m->gguf, err, sizeof(err));
+	if (rc) {
+		fprintf(stderr, "kvd: tokenizer: %s\n", err);
+		return rc;
+	}
+	const char *input = o->prompt;
+	if (o->chat) {
+		struct chat_msg msgs[2];
+		size_t n = 0;
+		if (o->system)
+			msgs[n++] = (struct chat_msg){ "system", o->system };
+		msgs[n++] = (struct chat_msg){ "user", o->prompt };
+		int need = tokenizer_chat_format(tok, msgs, n, 1, NULL, 0);
+		if (need < 0) {
+			fprintf(stderr, "kvd: this model has no chat template kvd understands\n");
+			rc = need;
+			goto out;
+		}
+		text = malloc((size_t)need + 1);
+		if (!text) {
+			rc = -ENOMEM;
+			goto out;
+		}
+		tokenizer_chat_format(tok, msgs, n, 1, text, (size_t)need + 1);
+		input = text;
+	}
+	uint32_t ctx = o->ctx ? o->ctx : (m->hp.ctx_len < 4096 ? m->hp.ctx_len : 4096);
+	int n_prompt = tokenizer_encode(tok, input, strlen(input), tokenizer_add_bos(tok), o->chat,
+					NULL, 0);
+	if (n_prompt <= 0) {
+		fprintf(stderr, "kvd: the prompt encodes to no tokens\n");
+		rc = n_prompt < 0 ? n_prompt : -EINVAL;
+		goto out;
+	}
+	if ((uint32_t)n_prompt + (uint32_t)o->n_predict > ctx) {
+		fprintf(stderr, "kvd: prompt (%d tokens) plus %d to generate exceed the context (%u)\n",
+			n_prompt, o->n_predict, ctx);
+		rc = -E2BIG;
+		goto out;
+	}
+	ids = malloc(((size_t)n_prompt + (size_t)o->n_predict) * sizeof(uint32_t));
+	rows = calloc(PREFILL_ROWS, sizeof(*rows));
+	logits = malloc((size_t)m->hp.vocab * sizeof(float));
+	if (!ids || !rows || !logits) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	tokenizer_encode(tok, input, strlen(input), tokenizer_add_bos(tok), o->chat, ids,
+			 (size_t)n_prompt);
+	if ((rc = engine_create(&eng, m, be, PREFILL_ROWS)) ||
+	    (rc = engine_seq_init(eng, &seq, ctx)) ||
+	    (rc = sampler_create(&smp, &o->sp, m->hp.vocab))) {
+		fprintf(stderr, "kvd: cannot set up generation: %s\n", strerror(-rc));
+		goto out;
+	}
+
+	/* Prefill: the whole prompt, PREFILL_ROWS positions per pass; logits of the last only. */
+	double t0 = now_s();
+	for (int p = 0; p < n_prompt; p += PREFILL_ROWS) {
+		uint32_t c = (uint32_t)(n_prompt - p) < PREFILL_ROWS ? (uint32_t)(n_prompt - p) : PREFILL_ROWS;
+		for (uint32_t i = 0; i < c; i++)
+			rows[i] = (struct engine_row){ &seq, (uint32_t)p + i, ids[p + i],
+						       (uint32_t)p + i == (uint32_t)n_prompt - 1 };
+		if ((rc = engine_forward(eng, rows, c, logits)))
+			goto out_fwd;
+	}
+	double t1 = now_s();
+
+	/* Decode: one row per step reading the cache. */
+	struct tok_decoder dec = {0};
+	int n_gen = 0;
+	double t2 = now_s();
+	for (; n_gen < o->n_predict; n_gen++) {
+		uint32_t id = sampler_sample(smp, logits, ids, (size_t)n_prompt + n_gen);
+		ids[n_prompt + n_gen] = id;
+		if (tokenizer_is_eog(tok, id)) {
+			n_gen++;
+			break;
+		}
+		emit(tok, &dec, id);
+		if (n_gen + 1 == o->n_predict) {
+			n_gen++;
+			break;
+		}
+		struct engine_row r = { &seq, (uint32_t)(n_prompt + n_gen), id, 1 };
+		if ((rc = engine_forward(eng, &r, 1, logits)))
+			goto out_fwd;
+	}
+	double t3 = now_s();
+	char tail[16];
+	int nt = tok_decoder_flush(&dec, tail, sizeof(tail));
+	if (nt > 0)
+		fwrite(tail, 1, (size_t)nt, stdout);
+	printf("\n");
+	fprintf(stderr, "kvd: prefill %d tokens in %.3f s (%.1f tok/s), decode %d tokens in %.3f s (%.1f tok/s), %u threads, %s backend\n",
+		n_prompt, t1 - t0, n_prompt / (t1 - t0), n_gen, t3 - t2,
+		n_gen > 1 ? (n_gen - 1) / (t3 - t2) : 0.0, be->n_threads, be->ops->name);
+	goto out;
+out_fwd:
+	fprintf(stderr, "kvd: forward pass failed: %s\n", strerror(-rc));
+out:
+	sampler_destroy(smp);
+	if (seq.k)
+		engine_seq_release(&seq);
+	engine_destroy(eng);
+	tokenizer_destroy(tok);
+	free(rows);
+	free(ids);
+	free(logits);
+	free(text);
+	return rc;
+}
+
+int main(int argc, char **argv)
+{
+	struct options o = {0};
+	if (parse_args(argc, argv, &o)) {
+		usage(stderr);
+		return 2;
+	}
+	char err[256];
+	struct model *m;
+	int rc = model_load(&m, o.model, err, sizeof(err));
+	if (rc) {
+		fprintf(stderr, "kvd: %s: %s\n", o.model, err);
+		return 1;
+	}
+	if (o.info) {
+		print_info(m);
+		model_free(m);
+		return 0;
+	}
+	struct backend *be;
+	if ((rc = backend_cpu_create(&be, o.threads))) {
+		fprintf(stderr, "kvd: cpu backend: %s\n", strerror(-rc));
+		model_free(m);
+		return 1;
+	}
+	rc = generate(&o, m, be);
+	be->ops->destroy(be);
+	model_free(m);
+	return rc ? 1 : 0;
+}
