@@ -1,0 +1,106 @@
+/* bench_engine.c — single-stream prefill and decode throughput of the CPU engine (a benchmark, not a test). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "daemon/engine.h"
+#include "daemon/model.h"
+#include "kernels/backend.h"
+
+#define RUNS 5
+#define PROMPT 512
+#define DECODE 128
+#define THREADS 2
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+	qsort(v, (size_t)n, sizeof(double), cmp_double);
+	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+int main(void)
+{
+	const char *path = getenv("KVD_MODEL");
+	char err[256];
+	struct model *m;
+	struct backend *be;
+	struct engine *e;
+	if (!path || !*path)
+		path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+	if (model_load(&m, path, err, sizeof(err))) {
+		fprintf(stderr, "bench_engine: %s: %s (run `make model`)\n", path, err);
+		return 1;
+	}
+	if (backend_cpu_create(&be, THREADS) || engine_create(&e, m, be, PROMPT)) {
+		fprintf(stderr, "bench_engine: setup failed\n");
+		return 1;
+	}
+	uint32_t vocab = m->hp.vocab;
+	float *logits = malloc((size_t)vocab * sizeof(float));
+	struct engine_row *rows = calloc(PROMPT, sizeof(*rows));
+	double pre[RUNS], dec[RUNS];
+	/* A fixed pseudo-random prompt: throughput does not depend on the text. */
+	uint32_t x = 12345;
+	for (int run = -1; run < RUNS; run++) {	/* run -1 warms caches and the pool */
+		struct engine_seq s;
+		if (engine_seq_init(e, &s, PROMPT + DECODE)) {
+			fprintf(stderr, "bench_engine: out of memory\n");
+			return 1;
+		}
+		for (uint32_t i = 0; i < PROMPT; i++) {
+			x = x * 1103515245u + 12345u;
+			rows[i] = (struct engine_row){ &s, i, (x >> 8) % vocab, i == PROMPT - 1 };
+		}
+		double t0 = now_s();
+		if (engine_forward(e, rows, PROMPT, logits))
+			return 1;
+		double t1 = now_s();
+		uint32_t tok = 0;
+		for (uint32_t i = 0; i < DECODE; i++) {
+			for (uint32_t v = 1; v < vocab; v++)
+				tok = logits[v] > logits[tok] ? v : tok;
+			struct engine_row r = { &s, PROMPT + i, tok, 1 };
+			if (engine_forward(e, &r, 1, logits))
+				return 1;
+		}
+		double t2 = now_s();
+		if (run >= 0) {
+			pre[run] = PROMPT / (t1 - t0);
+			dec[run] = DECODE / (t2 - t1);
+		}
+		engine_seq_release(&s);
+	}
+	double pmin = pre[0], pmax = pre[0], dmin = dec[0], dmax = dec[0];
+	for (int i = 1; i < RUNS; i++) {
+		pmin = pre[i] < pmin ? pre[i] : pmin;
+		pmax = pre[i] > pmax ? pre[i] : pmax;
+		dmin = dec[i] < dmin ? dec[i] : dmin;
+		dmax = dec[i] > dmax ? dec[i] : dmax;
+	}
+	printf("engine, %s, %d threads, %d runs (median [min, max])\n", m->hp.name, THREADS, RUNS);
+	printf("| phase                     | tok/s (median) | min     | max     | target |\n");
+	printf("|---------------------------|----------------|---------|---------|--------|\n");
+	printf("| prefill, %d-token prompt  | %14.1f | %7.1f | %7.1f | >= 350 |\n", PROMPT,
+	       median(pre, RUNS), pmin, pmax);
+	printf("| decode, %d tokens         | %14.1f | %7.1f | %7.1f | >= 130 |\n", DECODE,
+	       median(dec, RUNS), dmin, dmax);
+	free(rows);
+	free(logits);
+	engine_destroy(e);
+	be->ops->destroy(be);
+	model_free(m);
+	return 0;
+}
