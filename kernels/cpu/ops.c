@@ -6,6 +6,7 @@
 #include "kernels/cpu/quant.h"
 #include "kernels/cpu/dot.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/vexp.h"
 
 /* Compiled twice (x86-64-v3 and baseline); both clones do the same f32 operations. */
 #if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
@@ -16,24 +17,7 @@
 
 float fast_expf(float x)
 {
-	/* x = n ln2 + r, |r| <= ln2/2; e^r by its degree-7 Taylor polynomial (error < 1e-8). */
-	x = x < -87.3f ? -87.3f : x;
-	x = x > 88.3f ? 88.3f : x;
-	float n = nearbyintf(x * 1.44269504088896341f);
-	float r = fmaf(n, -0.693145751953125f, x);
-	r = fmaf(n, -1.428606765330187e-06f, r);
-	float p = 1.0f / 5040;
-	p = fmaf(p, r, 1.0f / 720);
-	p = fmaf(p, r, 1.0f / 120);
-	p = fmaf(p, r, 1.0f / 24);
-	p = fmaf(p, r, 1.0f / 6);
-	p = fmaf(p, r, 0.5f);
-	p = fmaf(p, r, 1.0f);
-	p = fmaf(p, r, 1.0f);
-	int32_t e = ((int32_t)n + 127) << 23;
-	float s;
-	memcpy(&s, &e, 4);
-	return p * s;
+	return expf_inline(x);
 }
 
 static inline float dot_lanes(const float *a, const float *b, uint32_t n)
@@ -68,7 +52,7 @@ CLONES void ops_swiglu_row(float *out, const float *gate, const float *up, uint3
 {
 	for (uint32_t i = 0; i < dim; i++) {
 		float gv = gate[i];
-		out[i] = gv / (1.0f + fast_expf(-gv)) * up[i];
+		out[i] = gv / (1.0f + expf_inline(-gv)) * up[i];
 	}
 }
 
@@ -107,7 +91,7 @@ CLONES void ops_rope_row(float *x, const float *cs, uint32_t n_heads, uint32_t h
 static __thread float *att_buf;
 static __thread size_t att_cap;
 
-static float *att_scores(size_t n)
+float *ops_att_scores(size_t n)
 {
 	if (n > att_cap) {
 		float *p = realloc(att_buf, n * sizeof(float));
@@ -125,7 +109,7 @@ static inline void f16_row(float *out, const uint16_t *in, uint32_t n)
 		out[i] = fp16_to_f32(in[i]);
 }
 
-CLONES int ops_attention_group(float *out, const float *q, const struct kb_kv_view *kv,
+static int attention_group_c(float *out, const float *q, const struct kb_kv_view *kv,
 			       uint32_t pos, uint32_t kvh, const struct kb_attn_shape *sh)
 {
 	const uint32_t hd = sh->head_dim, group = sh->n_heads / sh->n_kv_heads;
@@ -133,7 +117,7 @@ CLONES int ops_attention_group(float *out, const float *q, const struct kb_kv_vi
 	const size_t stride = (size_t)sh->n_kv_heads * hd;
 	float qh[ATT_MAX_GROUP][ATT_MAX_HD];
 	float row[ATT_MAX_HD];
-	float *s = att_scores((size_t)group * np);	/* (group, np) */
+	float *s = ops_att_scores((size_t)group * np);	/* (group, np) */
 	if (!s)
 		return -ENOMEM;
 	for (uint32_t g = 0; g < group; g++)
@@ -150,23 +134,40 @@ CLONES int ops_attention_group(float *out, const float *q, const struct kb_kv_vi
 		float mx = -INFINITY;
 		for (uint32_t p = 0; p < np; p++)
 			mx = sg[p] > mx ? sg[p] : mx;
+		for (uint32_t p = 0; p < np; p++)
+			sg[p] = expf_inline(sg[p] - mx);
 		double sum = 0.0;
-		for (uint32_t p = 0; p < np; p++) {
-			sg[p] = fast_expf(sg[p] - mx);
+		for (uint32_t p = 0; p < np; p++)
 			sum += sg[p];
-		}
 		float inv = (float)(1.0 / sum);
 		for (uint32_t p = 0; p < np; p++)
 			sg[p] = fp16_round(sg[p] * inv);
-		memset(out + g * hd, 0, hd * sizeof(float));
 	}
-	for (uint32_t p = 0; p < np; p++) {
-		f16_row(row, kv->v + p * stride + (size_t)kvh * hd, hd);
-		for (uint32_t g = 0; g < group; g++) {
-			float w = s[g * np + p], *o = out + g * hd;
+	for (uint32_t g = 0; g < group; g++) {
+		float *o = out + g * hd;
+		memset(o, 0, hd * sizeof(float));
+		for (uint32_t p = 0; p < np; p++) {
+			f16_row(row, kv->v + p * stride + (size_t)kvh * hd, hd);
+			float w = s[g * np + p];
 			for (uint32_t i = 0; i < hd; i++)
 				o[i] = fmaf(w, row[i], o[i]);
 		}
 	}
 	return 0;
+}
+
+#if defined(__x86_64__)
+int ops_attention_group_avx2(float *out, const float *q, const struct kb_kv_view *kv,
+			     uint32_t pos, uint32_t kvh, const struct kb_attn_shape *sh);
+int ops_attention_have_avx2(void);
+#endif
+
+int ops_attention_group(float *out, const float *q, const struct kb_kv_view *kv,
+			uint32_t pos, uint32_t kvh, const struct kb_attn_shape *sh)
+{
+#if defined(__x86_64__)
+	if (sh->head_dim % 8 == 0 && ops_attention_have_avx2())
+		return ops_attention_group_avx2(out, q, kv, pos, kvh, sh);
+#endif
+	return attention_group_c(out, q, kv, pos, kvh, sh);
 }

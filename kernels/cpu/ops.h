@@ -27,4 +27,6 @@ void ops_rope_table(float *cs, uint32_t pos, uint32_t rot_dim, float theta);
 int ops_attention_group(float *out, const float *q, const struct kb_kv_view *kv,
 			 uint32_t pos, uint32_t kvh, const struct kb_attn_shape *shape);
 
+/* The calling thread's scratch for n attention scores (grown on demand), or NULL. */
+float *ops_att_scores(size_t n);
 #endif

@@ -5,35 +5,6 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/quant.h"
 
-/*
- * Branch-free so that loops over it vectorise: a normal half is rebased by
- * shifting its exponent/mantissa into float position and scaling by 2^-112
- * (which also carries inf/nan through); a subnormal half is built as the
- * float 0.5 + m * 2^-24 ... minus 0.5, which the FPU computes exactly.
- */
-float fp16_to_f32(uint16_t h)
-{
-	uint32_t w = (uint32_t)h << 16;
-	uint32_t sign = w & 0x80000000u;
-	uint32_t two_w = w + w;
-	uint32_t nbits = (two_w >> 4) + (0xe0u << 23);
-	uint32_t dbits = (two_w >> 17) | (126u << 23);
-	float nf, df;
-	memcpy(&nf, &nbits, 4);
-	memcpy(&df, &dbits, 4);
-	nf *= 0x1.0p-112f;
-	df -= 0.5f;
-	uint32_t rbits;
-	if (two_w < (1u << 27))
-		memcpy(&rbits, &df, 4);
-	else
-		memcpy(&rbits, &nf, 4);
-	rbits |= sign;
-	float r;
-	memcpy(&r, &rbits, 4);
-	return r;
-}
-
 uint16_t f32_to_fp16(float f)
 {
 	uint32_t x;

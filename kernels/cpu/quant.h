@@ -55,7 +55,24 @@ struct blk_q8x {
 	int8_t qs[QK];
 };
 
-float fp16_to_f32(uint16_t h);
+/*
+ * Exact f16 -> f32, branch-free so that loops over it vectorise: a normal
+ * half is rebased by shifting its exponent/mantissa into float position and
+ * scaling by 2^-112 (which also carries inf/nan through); a subnormal half
+ * is built as the float 0.5 + m * 2^-24, minus 0.5, which is exact.
+ */
+static inline float fp16_to_f32(uint16_t h)
+{
+	uint32_t w = (uint32_t)h << 16;
+	uint32_t sign = w & 0x80000000u;
+	uint32_t two_w = w + w;
+	union { uint32_t u; float f; } n = { (two_w >> 4) + (0xe0u << 23) };
+	union { uint32_t u; float f; } d = { (two_w >> 17) | (126u << 23) };
+	n.f *= 0x1.0p-112f;
+	d.f -= 0.5f;
+	union { uint32_t u; float f; } r = { sign | (two_w < (1u << 27) ? d.u : n.u) };
+	return r.f;
+}
 uint16_t f32_to_fp16(float f);	/* round to nearest even */
 float bf16_to_f32(uint16_t h);
 

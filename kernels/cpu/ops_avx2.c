@@ -1,0 +1,96 @@
+/* ops_avx2.c — attention with AVX2/FMA/F16C: the same operations, in the same order, as the portable kernel. */
+#if defined(__x86_64__)
+#pragma GCC target("avx2,fma,f16c")
+#include <errno.h>
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+#include "kernels/cpu/dot.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/quant.h"
+#include "kernels/cpu/vexp.h"
+
+#define ATT_MAX_GROUP 16
+#define ATT_MAX_HD 256
+
+int ops_attention_have_avx2(void);
+int ops_attention_group_avx2(float *out, const float *q, const struct kb_kv_view *kv,
+			     uint32_t pos, uint32_t kvh, const struct kb_attn_shape *sh);
+
+int ops_attention_have_avx2(void)
+{
+	static int have = -1;
+	if (have < 0) {
+		__builtin_cpu_init();
+		have = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+		       __builtin_cpu_supports("f16c");
+	}
+	return have;
+}
+
+/* Same tree as hsum8(). */
+static inline float hsum256(__m256 v)
+{
+	__m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+	__m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+	return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+
+/* head_dim % 8 == 0: lane j of the accumulator sums elements j, j+8, ... like dot_lanes(). */
+int ops_attention_group_avx2(float *out, const float *q, const struct kb_kv_view *kv,
+			     uint32_t pos, uint32_t kvh, const struct kb_attn_shape *sh)
+{
+	const uint32_t hd = sh->head_dim, group = sh->n_heads / sh->n_kv_heads;
+	const uint32_t np = pos + 1;
+	const size_t stride = (size_t)sh->n_kv_heads * hd;
+	float qh[ATT_MAX_GROUP][ATT_MAX_HD] __attribute__((aligned(32)));
+	float *s = ops_att_scores((size_t)group * np);	/* (group, np) */
+	if (!s)
+		return -ENOMEM;
+	for (uint32_t g = 0; g < group; g++)
+		for (uint32_t i = 0; i < hd; i += 8)
+			_mm256_store_ps(&qh[g][i], _mm256_cvtph_ps(_mm256_cvtps_ph(
+				_mm256_loadu_ps(q + g * hd + i), _MM_FROUND_TO_NEAREST_INT)));
+	for (uint32_t p = 0; p < np; p++) {
+		const uint16_t *k = kv->k + p * stride + (size_t)kvh * hd;
+		for (uint32_t g = 0; g < group; g++) {
+			__m256 acc = _mm256_setzero_ps();
+			for (uint32_t i = 0; i < hd; i += 8) {
+				__m256 kf = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i)));
+				acc = _mm256_fmadd_ps(_mm256_load_ps(&qh[g][i]), kf, acc);
+			}
+			s[g * np + p] = hsum256(acc) * sh->scale;
+		}
+	}
+	for (uint32_t g = 0; g < group; g++) {
+		float *sg = s + g * np;
+		float mx = -INFINITY;
+		for (uint32_t p = 0; p < np; p++)
+			mx = sg[p] > mx ? sg[p] : mx;
+		for (uint32_t p = 0; p < np; p++)
+			sg[p] = expf_inline(sg[p] - mx);
+		double sum = 0.0;
+		for (uint32_t p = 0; p < np; p++)
+			sum += sg[p];
+		float inv = (float)(1.0 / sum);
+		for (uint32_t p = 0; p < np; p++)
+			sg[p] = fp16_round(sg[p] * inv);
+	}
+	for (uint32_t g = 0; g < group; g++) {
+		__m256 acc[ATT_MAX_HD / 8];
+		for (uint32_t i = 0; i < hd / 8; i++)
+			acc[i] = _mm256_setzero_ps();
+		const float *sg = s + g * np;
+		for (uint32_t p = 0; p < np; p++) {
+			const uint16_t *v = kv->v + p * stride + (size_t)kvh * hd;
+			__m256 w = _mm256_set1_ps(sg[p]);
+			for (uint32_t i = 0; i < hd / 8; i++)
+				acc[i] = _mm256_fmadd_ps(w, _mm256_cvtph_ps(_mm_loadu_si128(
+					(const __m128i *)(v + 8 * i))), acc[i]);
+		}
+		for (uint32_t i = 0; i < hd / 8; i++)
+			_mm256_storeu_ps(out + g * hd + 8 * i, acc[i]);
+	}
+	return 0;
+}
+#endif

@@ -1,0 +1,35 @@
+/* vexp.h — the e^x every CPU kernel uses, inline so each instruction-set variant vectorises it. */
+#ifndef KVD_CPU_VEXP_H
+#define KVD_CPU_VEXP_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/*
+ * x = n ln2 + r with |r| <= ln2/2 (ln2 split in two for an exact
+ * reduction); e^r by its degree-7 Taylor polynomial (error < 1e-8), then
+ * scaled by 2^n built in the exponent bits. Clamped to the normal range.
+ */
+static inline float expf_inline(float x)
+{
+	x = x < -87.3f ? -87.3f : x;
+	x = x > 88.3f ? 88.3f : x;
+	float n = nearbyintf(x * 1.44269504088896341f);
+	float r = fmaf(n, -0.693145751953125f, x);
+	r = fmaf(n, -1.428606765330187e-06f, r);
+	float p = 1.0f / 5040;
+	p = fmaf(p, r, 1.0f / 720);
+	p = fmaf(p, r, 1.0f / 120);
+	p = fmaf(p, r, 1.0f / 24);
+	p = fmaf(p, r, 1.0f / 6);
+	p = fmaf(p, r, 0.5f);
+	p = fmaf(p, r, 1.0f);
+	p = fmaf(p, r, 1.0f);
+	int32_t e = ((int32_t)n + 127) << 23;
+	float s;
+	memcpy(&s, &e, 4);
+	return p * s;
+}
+
+#endif
