@@ -148,9 +148,9 @@ static int forward_layer(struct engine *e, uint32_t l, const struct engine_row *
 	const uint32_t qd = hp->n_heads * hp->head_dim;
 
 	TRY(op->rmsnorm(be, e->xb, e->x, L->attn_norm, n, hp->dim, hp->norm_eps));
-	TRY(op->matmul(be, e->q, &L->wq, e->xb, n));
-	TRY(op->matmul(be, e->k, &L->wk, e->xb, n));
-	TRY(op->matmul(be, e->v, &L->wv, e->xb, n));
+	float *const qkv_out[3] = { e->q, e->k, e->v };
+	const struct kb_weight *const qkv[3] = { &L->wq, &L->wk, &L->wv };
+	TRY(op->matmul_multi(be, qkv_out, qkv, 3, e->xb, n));
 	TRY(op->rope(be, e->q, e->pos, n, hp->n_heads, hp->head_dim, hp->rot_dim,
 		     hp->rope_theta, hp->rope_neox));
 	TRY(op->rope(be, e->k, e->pos, n, hp->n_kv_heads, hp->head_dim, hp->rot_dim,
@@ -179,8 +179,9 @@ static int forward_layer(struct engine *e, uint32_t l, const struct engine_row *
 	TRY(op->add(be, e->x, e->o, n, hp->dim));
 
 	TRY(op->rmsnorm(be, e->xb, e->x, L->ffn_norm, n, hp->dim, hp->norm_eps));
-	TRY(op->matmul(be, e->gate, &L->w_gate, e->xb, n));
-	TRY(op->matmul(be, e->up, &L->w_up, e->xb, n));
+	float *const gu_out[2] = { e->gate, e->up };
+	const struct kb_weight *const gu[2] = { &L->w_gate, &L->w_up };
+	TRY(op->matmul_multi(be, gu_out, gu, 2, e->xb, n));
 	TRY(op->swiglu(be, e->gate, e->gate, e->up, n, hp->ffn_dim));
 	TRY(op->matmul(be, e->o, &L->w_down, e->gate, n));
 	TRY(op->add(be, e->x, e->o, n, hp->dim));

@@ -51,6 +51,13 @@ struct backend_ops {
 	/* y (n, W.rows) = x (n, W.cols) @ W^T */
 	int (*matmul)(struct backend *b, float *y, const struct kb_weight *w,
 		      const float *x, uint32_t n);
+	/*
+	 * y[i] (n, w[i].rows) = x (n, cols) @ W[i]^T for count weights sharing
+	 * cols (Q/K/V, gate/up): x is prepared once, one parallel pass serves
+	 * all. Each y[i] is bitwise what matmul() would give.
+	 */
+	int (*matmul_multi)(struct backend *b, float *const *y, const struct kb_weight *const *w,
+			    uint32_t count, const float *x, uint32_t n);
 	/* out (n, W.cols) = W[ids[i]] dequantized (embedding lookup) */
 	int (*get_rows)(struct backend *b, float *out, const struct kb_weight *w,
 			const uint32_t *ids, uint32_t n);

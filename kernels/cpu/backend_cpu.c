@@ -24,61 +24,99 @@ struct cpu_backend {
 
 /* ---- matmul ---- */
 
-struct mm_job {
+#define MM_MAX_MULTI 4
+
+/* One weight of a (multi) matmul: its output and how its rows are cut into tasks. */
+struct mm_part {
 	const struct kb_weight *w;
-	float *y;			/* (n, rows) */
+	float *y;			/* (n, w->rows) */
+	qdot_fn qdot;
+	fdot_fn fdot;
+	uint32_t rows_per_task;
+	uint32_t task0;			/* first task index of this part */
+};
+
+struct mm_job {
+	struct mm_part part[MM_MAX_MULTI];
+	uint32_t n_parts;
 	const float *x;			/* (n, cols) */
 	struct blk_q8x *xq;		/* (n, nblk) */
 	uint32_t n;
+	uint32_t cols;
 	size_t nblk;
-	uint32_t rows_per_task;
-	qdot_fn qdot;
-	fdot_fn fdot;
 };
 
 static void mm_quantize_task(void *ctx, uint32_t t)
 {
 	struct mm_job *j = ctx;
-	quantize_row_q8x(j->x + (size_t)t * j->w->cols, j->xq + (size_t)t * j->nblk, j->w->cols);
+	quantize_row_q8x(j->x + (size_t)t * j->cols, j->xq + (size_t)t * j->nblk, j->cols);
 }
 
 /*
- * A task owns a run of weight rows and serves every activation row with
- * them, four at a time, so a weight row is read from memory once per step.
+ * A task owns a run of one weight's rows and serves every activation row
+ * with them, four at a time, so a weight row is read from memory once per step.
  */
 static void mm_dot_task(void *ctx, uint32_t t)
 {
 	struct mm_job *j = ctx;
-	const struct kb_weight *w = j->w;
-	uint32_t r0 = t * j->rows_per_task;
-	uint32_t r1 = r0 + j->rows_per_task < w->rows ? r0 + j->rows_per_task : w->rows;
+	uint32_t pi = 0;
+	while (pi + 1 < j->n_parts && t >= j->part[pi + 1].task0)
+		pi++;
+	const struct mm_part *pt = &j->part[pi];
+	const struct kb_weight *w = pt->w;
+	uint32_t r0 = (t - pt->task0) * pt->rows_per_task;
+	uint32_t r1 = r0 + pt->rows_per_task < w->rows ? r0 + pt->rows_per_task : w->rows;
 	for (uint32_t xt = 0; xt < j->n; xt += DOT_MAX_NR) {
 		int nr = j->n - xt < DOT_MAX_NR ? (int)(j->n - xt) : DOT_MAX_NR;
-		float *y = j->y + (size_t)xt * w->rows;
+		float *y = pt->y + (size_t)xt * w->rows;
 		for (uint32_t r = r0; r < r1; r++) {
 			const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
-			if (j->qdot)
-				j->qdot(row, j->xq + (size_t)xt * j->nblk, j->nblk, nr, j->nblk,
-					y + r, w->rows);
+			if (pt->qdot)
+				pt->qdot(row, j->xq + (size_t)xt * j->nblk, j->nblk, nr, j->nblk,
+					 y + r, w->rows);
 			else
-				j->fdot(row, j->x + (size_t)xt * w->cols, w->cols, nr, w->cols,
-					y + r, w->rows);
+				pt->fdot(row, j->x + (size_t)xt * w->cols, w->cols, nr, w->cols,
+					 y + r, w->rows);
 		}
 	}
 }
 
-static int cpu_matmul(struct backend *b, float *y, const struct kb_weight *w,
-		      const float *x, uint32_t n)
+static int cpu_matmul_multi(struct backend *b, float *const *y, const struct kb_weight *const *w,
+			    uint32_t count, const float *x, uint32_t n)
 {
 	struct cpu_backend *cb = CPU(b);
-	struct mm_job j = { .w = w, .y = y, .x = x, .n = n };
+	struct mm_job j = { .x = x, .n = n, .n_parts = count };
 	if (n == 0)
 		return 0;
-	if (type_is_quantized(w->type)) {
-		if (w->cols % QK)
+	if (count == 0 || count > MM_MAX_MULTI)
+		return -EINVAL;
+	j.cols = w[0]->cols;
+	int any_q = 0;
+	uint32_t tasks = 0, nt = threadpool_size(cb->tp) * 8;
+	for (uint32_t i = 0; i < count; i++) {
+		struct mm_part *pt = &j.part[i];
+		if (w[i]->cols != j.cols)
 			return -EINVAL;
-		j.qdot = dot_select_q(w->type);
-		j.nblk = w->cols / QK;
+		pt->w = w[i];
+		pt->y = y[i];
+		if (type_is_quantized(w[i]->type)) {
+			if (w[i]->cols % QK)
+				return -EINVAL;
+			pt->qdot = dot_select_q(w[i]->type);
+			any_q = 1;
+		} else {
+			pt->fdot = dot_select_f(w[i]->type);
+		}
+		if (!pt->qdot && !pt->fdot)
+			return -ENOTSUP;
+		/* Enough tasks to balance the threads, few enough to keep overhead small. */
+		uint32_t rpt = (w[i]->rows + nt - 1) / nt;
+		pt->rows_per_task = rpt < 4 ? 4 : rpt > 64 ? 64 : rpt;
+		pt->task0 = tasks;
+		tasks += (w[i]->rows + pt->rows_per_task - 1) / pt->rows_per_task;
+	}
+	if (any_q) {
+		j.nblk = j.cols / QK;
 		size_t need = (size_t)n * j.nblk;
 		if (need > cb->xq_cap) {
 			struct blk_q8x *p = realloc(cb->xq, need * sizeof(*p));
@@ -89,18 +127,15 @@ static int cpu_matmul(struct backend *b, float *y, const struct kb_weight *w,
 		}
 		j.xq = cb->xq;
 		threadpool_run(cb->tp, mm_quantize_task, &j, n);
-	} else {
-		j.fdot = dot_select_f(w->type);
 	}
-	if (!j.qdot && !j.fdot)
-		return -ENOTSUP;
-	/* Enough tasks to balance the threads, few enough to keep per-task overhead small. */
-	uint32_t nt = threadpool_size(cb->tp) * 8;
-	uint32_t rpt = (w->rows + nt - 1) / nt;
-	rpt = rpt < 4 ? 4 : rpt > 64 ? 64 : rpt;
-	j.rows_per_task = rpt;
-	threadpool_run(cb->tp, mm_dot_task, &j, (w->rows + rpt - 1) / rpt);
+	threadpool_run(cb->tp, mm_dot_task, &j, tasks);
 	return 0;
+}
+
+static int cpu_matmul(struct backend *b, float *y, const struct kb_weight *w,
+		      const float *x, uint32_t n)
+{
+	return cpu_matmul_multi(b, &y, &w, 1, x, n);
 }
 
 /* ---- row-parallel ops ---- */
@@ -289,6 +324,7 @@ static const struct backend_ops cpu_ops = {
 	.name = "cpu",
 	.destroy = cpu_destroy,
 	.matmul = cpu_matmul,
+	.matmul_multi = cpu_matmul_multi,
 	.get_rows = cpu_get_rows,
 	.rmsnorm = cpu_rmsnorm,
 	.rope = cpu_rope,
