@@ -23,6 +23,7 @@ struct engine {
 	float *up;		/* (, ffn_dim) */
 	uint32_t *pos;		/* (max_rows,) */
 	uint32_t *tok;		/* (max_rows,) */
+	uint32_t kv_type;	/* of new sequences */
 };
 
 int engine_create(struct engine **out, struct model *m, struct backend *be, uint32_t max_rows)
@@ -37,6 +38,7 @@ int engine_create(struct engine **out, struct model *m, struct backend *be, uint
 	e->m = m;
 	e->be = be;
 	e->max_rows = max_rows;
+	e->kv_type = KB_F16;
 	e->x = malloc(r * hp->dim * sizeof(float));
 	e->xb = malloc(r * hp->dim * sizeof(float));
 	e->q = malloc(r * qd * sizeof(float));
@@ -80,6 +82,14 @@ uint32_t engine_max_rows(const struct engine *e)
 	return e->max_rows;
 }
 
+int engine_set_kv_type(struct engine *e, uint32_t kb_type)
+{
+	if (kb_type != KB_F16 && kb_type != KB_F32)
+		return -ENOTSUP;
+	e->kv_type = kb_type;
+	return 0;
+}
+
 int engine_seq_init(struct engine *e, struct engine_seq *s, uint32_t n_ctx)
 {
 	const struct model_hparams *hp = &e->m->hp;
@@ -87,8 +97,10 @@ int engine_seq_init(struct engine *e, struct engine_seq *s, uint32_t n_ctx)
 		n_ctx = hp->ctx_len;
 	size_t n = (size_t)hp->n_layers * n_ctx * hp->kv_dim;
 	memset(s, 0, sizeof(*s));
-	s->k = malloc(n * sizeof(uint16_t));
-	s->v = malloc(n * sizeof(uint16_t));
+	size_t elem = e->kv_type == KB_F32 ? sizeof(float) : sizeof(uint16_t);
+	s->kv_type = e->kv_type;
+	s->k = malloc(n * elem);
+	s->v = malloc(n * elem);
 	if (!s->k || !s->v) {
 		engine_seq_release(s);
 		return -ENOMEM;
@@ -165,9 +177,11 @@ static int forward_layer(struct engine *e, uint32_t l, const struct engine_row *
 		uint32_t j = i;
 		while (j < n && rows[j].seq == s)
 			j++;
-		size_t layer_off = (size_t)l * s->n_ctx * hp->kv_dim;
-		struct kb_kv_view kv = { .k = s->k + layer_off, .v = s->v + layer_off,
-					 .n_ctx = s->n_ctx };
+		size_t elem = s->kv_type == KB_F32 ? sizeof(float) : sizeof(uint16_t);
+		size_t layer_off = (size_t)l * s->n_ctx * hp->kv_dim * elem;
+		struct kb_kv_view kv = { .k = (uint8_t *)s->k + layer_off,
+					 .v = (uint8_t *)s->v + layer_off,
+					 .n_ctx = s->n_ctx, .type = s->kv_type };
 		/* K (after RoPE) and V go into the sequence's cache; Q is never cached. */
 		TRY(op->write_kv(be, &kv, e->pos + i, j - i, hp->kv_dim,
 				 e->k + (size_t)i * hp->kv_dim, e->v + (size_t)i * hp->kv_dim));

@@ -13,8 +13,9 @@ struct engine;
 struct engine_seq {
 	uint32_t n_pos;		/* positions cached: 0..n_pos-1 */
 	uint32_t n_ctx;		/* capacity in positions */
-	uint16_t *k;		/* (n_layers, n_ctx, kv_dim) f16, RoPE applied */
-	uint16_t *v;		/* (n_layers, n_ctx, kv_dim) f16 */
+	uint32_t kv_type;	/* KB_F16 or KB_F32 */
+	void *k;		/* (n_layers, n_ctx, kv_dim) of kv_type, RoPE applied */
+	void *v;		/* (n_layers, n_ctx, kv_dim) of kv_type */
 };
 
 struct engine_row {
@@ -28,6 +29,9 @@ struct engine_row {
 int engine_create(struct engine **out, struct model *m, struct backend *be, uint32_t max_rows);
 void engine_destroy(struct engine *e);
 uint32_t engine_max_rows(const struct engine *e);
+
+/* K/V element type of sequences initialised from now on: KB_F16 (default) or KB_F32. */
+int engine_set_kv_type(struct engine *e, uint32_t kb_type);
 
 /* n_ctx 0 = the model's context length. Returns 0 or -errno. */
 int engine_seq_init(struct engine *e, struct engine_seq *s, uint32_t n_ctx);

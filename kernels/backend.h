@@ -22,12 +22,13 @@ struct kb_weight {
 
 /*
  * One sequence's K/V cache for one layer, as the attention kernel reads it:
- * f16 elements; position p of KV head h lives at k[(p * n_kv_heads + h) * head_dim].
+ * position p of KV head h lives at element (p * n_kv_heads + h) * head_dim.
  */
 struct kb_kv_view {
-	uint16_t *k;		/* (n_ctx, n_kv_heads, head_dim) f16, RoPE applied */
-	uint16_t *v;		/* (n_ctx, n_kv_heads, head_dim) f16 */
+	void *k;		/* (n_ctx, n_kv_heads, head_dim) of type, RoPE applied */
+	void *v;		/* (n_ctx, n_kv_heads, head_dim) of type */
 	uint32_t n_ctx;
+	uint32_t type;		/* KB_F16 (0 also means f16) or KB_F32 */
 };
 
 struct kb_attn_shape {
@@ -83,9 +84,10 @@ struct backend_ops {
 	/*
 	 * Causal attention of n query rows of one sequence: out (n, n_heads *
 	 * head_dim) for q (n, n_heads * head_dim), row r attending to cache
-	 * positions 0..pos[r] of kv (which must already hold them). Q is
-	 * rounded to the cache's f16 for the scores and the softmax weights to
-	 * f16 for the sum over V, as llama.cpp does, so both agree closely.
+	 * positions 0..pos[r] of kv (which must already hold them). With an
+	 * f16 cache Q is rounded to f16 for the scores and the softmax weights
+	 * to f16 for the sum over V (as llama.cpp does); an f32 cache keeps
+	 * everything in f32.
 	 */
 	int (*attention)(struct backend *b, float *out, const float *q,
 			 const struct kb_kv_view *kv, const uint32_t *pos, uint32_t n,

@@ -216,11 +216,50 @@ static void test_greedy(void **state)
 	free(logits);
 }
 
+/*
+ * Teacher-forced: feed the reference's own greedy tokens, so one early
+ * divergence cannot cascade, and compare the argmax at every step.
+ */
+static void test_teacher_forced(void **state)
+{
+	(void)state;
+	uint32_t vocab = M->hp.vocab;
+	float *logits = malloc(vocab * sizeof(float));
+	int agree = 0, total = 0;
+	float worst_gap = 0;
+	for (int p = 0; p < n_golden; p++) {
+		struct golden *g = &G[p];
+		struct engine_seq s;
+		assert_int_equal(engine_seq_init(E, &s, 1024), 0);
+		assert_int_equal(prefill(&s, g->ids, g->n, logits), 0);
+		for (int t = 0; t < NGEN; t++) {
+			uint32_t tok = argmax(logits, vocab);
+			total++;
+			if (tok == g->greedy[t]) {
+				agree++;
+			} else {
+				float gap = g->top2[t][0] - g->top2[t][1];
+				worst_gap = gap > worst_gap ? gap : worst_gap;
+				printf("prompt %d step %d: argmax %u, reference %u (ref top-2 gap %.4f)\n",
+				       p, t, tok, g->greedy[t], gap);
+				assert_true(gap <= NEAR_TIE);
+			}
+			struct engine_row r = { &s, s.n_pos, g->greedy[t], 1 };
+			assert_int_equal(engine_forward(E, &r, 1, logits), 0);
+		}
+		engine_seq_release(&s);
+	}
+	printf("teacher-forced argmax agreement: %d of %d steps (largest ref gap at a miss %.4f)\n",
+	       agree, total, worst_gap);
+	free(logits);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_final_logits),
 		cmocka_unit_test(test_greedy),
+		cmocka_unit_test(test_teacher_forced),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -271,13 +271,23 @@ static int cpu_write_kv(struct backend *b, const struct kb_kv_view *kv, const ui
 			uint32_t n, uint32_t kv_dim, const float *k, const float *v)
 {
 	(void)b;
+	int f32 = kv->type == KB_F32;
+	if (!f32 && kv->type != KB_F16 && kv->type != 0)
+		return -ENOTSUP;
 	for (uint32_t r = 0; r < n; r++) {
 		if (pos[r] >= kv->n_ctx)
 			return -ERANGE;
-		uint16_t *kd = kv->k + (size_t)pos[r] * kv_dim, *vd = kv->v + (size_t)pos[r] * kv_dim;
+		size_t off = (size_t)pos[r] * kv_dim;
+		const float *ks = k + (size_t)r * kv_dim, *vs = v + (size_t)r * kv_dim;
+		if (f32) {
+			memcpy((float *)kv->k + off, ks, kv_dim * sizeof(float));
+			memcpy((float *)kv->v + off, vs, kv_dim * sizeof(float));
+			continue;
+		}
+		uint16_t *kd = (uint16_t *)kv->k + off, *vd = (uint16_t *)kv->v + off;
 		for (uint32_t i = 0; i < kv_dim; i++) {
-			kd[i] = f32_to_fp16(k[(size_t)r * kv_dim + i]);
-			vd[i] = f32_to_fp16(v[(size_t)r * kv_dim + i]);
+			kd[i] = f32_to_fp16(ks[i]);
+			vd[i] = f32_to_fp16(vs[i]);
 		}
 	}
 	return 0;
@@ -298,6 +308,8 @@ static int cpu_attention(struct backend *b, float *out, const float *q,
 			 const struct kb_kv_view *kv, const uint32_t *pos, uint32_t n,
 			 const struct kb_attn_shape *shape)
 {
+	if (kv->type != KB_F32 && kv->type != KB_F16 && kv->type != 0)
+		return -ENOTSUP;
 	if (shape->n_kv_heads == 0 || shape->n_heads % shape->n_kv_heads ||
 	    shape->n_heads / shape->n_kv_heads > 16 || shape->head_dim > 256)
 		return -EINVAL;

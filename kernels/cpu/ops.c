@@ -103,8 +103,14 @@ float *ops_att_scores(size_t n)
 	return att_buf;
 }
 
-static inline void f16_row(float *out, const uint16_t *in, uint32_t n)
+/* Row at element offset off of a cache of type as f32. */
+static inline void kv_row(float *out, const void *base, int f32, size_t off, uint32_t n)
 {
+	if (f32) {
+		memcpy(out, (const float *)base + off, n * sizeof(float));
+		return;
+	}
+	const uint16_t *in = (const uint16_t *)base + off;
 	for (uint32_t i = 0; i < n; i++)
 		out[i] = fp16_to_f32(in[i]);
 }
@@ -115,6 +121,7 @@ static int attention_group_c(float *out, const float *q, const struct kb_kv_view
 	const uint32_t hd = sh->head_dim, group = sh->n_heads / sh->n_kv_heads;
 	const uint32_t np = pos + 1;
 	const size_t stride = (size_t)sh->n_kv_heads * hd;
+	const int f32 = kv->type == KB_F32;
 	float qh[ATT_MAX_GROUP][ATT_MAX_HD];
 	float row[ATT_MAX_HD];
 	float *s = ops_att_scores((size_t)group * np);	/* (group, np) */
@@ -122,10 +129,10 @@ static int attention_group_c(float *out, const float *q, const struct kb_kv_view
 		return -ENOMEM;
 	for (uint32_t g = 0; g < group; g++)
 		for (uint32_t i = 0; i < hd; i++)
-			qh[g][i] = fp16_round(q[g * hd + i]);
+			qh[g][i] = f32 ? q[g * hd + i] : fp16_round(q[g * hd + i]);
 	/* One read of each K row serves the whole query-head group. */
 	for (uint32_t p = 0; p < np; p++) {
-		f16_row(row, kv->k + p * stride + (size_t)kvh * hd, hd);
+		kv_row(row, kv->k, f32, p * stride + (size_t)kvh * hd, hd);
 		for (uint32_t g = 0; g < group; g++)
 			s[g * np + p] = dot_lanes(qh[g], row, hd) * sh->scale;
 	}
@@ -141,13 +148,13 @@ static int attention_group_c(float *out, const float *q, const struct kb_kv_view
 			sum += sg[p];
 		float inv = (float)(1.0 / sum);
 		for (uint32_t p = 0; p < np; p++)
-			sg[p] = fp16_round(sg[p] * inv);
+			sg[p] = f32 ? sg[p] * inv : fp16_round(sg[p] * inv);
 	}
 	for (uint32_t g = 0; g < group; g++) {
 		float *o = out + g * hd;
 		memset(o, 0, hd * sizeof(float));
 		for (uint32_t p = 0; p < np; p++) {
-			f16_row(row, kv->v + p * stride + (size_t)kvh * hd, hd);
+			kv_row(row, kv->v, f32, p * stride + (size_t)kvh * hd, hd);
 			float w = s[g * np + p];
 			for (uint32_t i = 0; i < hd; i++)
 				o[i] = fmaf(w, row[i], o[i]);
