@@ -1,0 +1,1125 @@
+/* test_kvpool.c — the paged KV pool: config, sizes, refcounts, prefix reuse, LRU eviction, copy-on-write, rollback, a randomised run. */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include <xxhash.h>
+
+#include "daemon/kvpool.h"
+#include "kernels/backend.h"
+
+#define CHECK(p, seqs, n)                                                        \
+	do {                                                                     \
+		char err_[256];                                                  \
+		int r_ = kvpool_check((p), (seqs), (n), err_, sizeof(err_));     \
+		if (r_)                                                          \
+			fail_msg("kvpool_check: %d %s (line %d)", r_, err_, __LINE__); \
+	} while (0)
+
+static struct kvpool *make_pool(uint32_t n_blocks, uint32_t bt, uint32_t n_layers,
+				uint32_t kv_dim, uint32_t type)
+{
+	struct kvpool_config c = { n_blocks, bt, n_layers, kv_dim, type };
+	struct kvpool *p = NULL;
+
+	assert_int_equal(kvpool_create(&p, &c), 0);
+	assert_non_null(p);
+	return p;
+}
+
+static struct kvpool_stats stats(const struct kvpool *p)
+{
+	struct kvpool_stats s;
+
+	kvpool_get_stats(p, &s);
+	return s;
+}
+
+/* Offset of row (layer, K=0/V=1, slot) inside a block. */
+static size_t row_off(const struct kvpool *p, uint32_t layer, uint32_t kv, uint32_t slot)
+{
+	const struct kvpool_config *c = kvpool_config(p);
+
+	return (((size_t)layer * 2 + kv) * c->block_tokens + slot) *
+	       kvpool_row_bytes(c->kv_type, c->kv_dim);
+}
+
+/* Stand-in for "the K/V of position pos": written into layer 0's K row and the last layer's V row. */
+static void put_marker(struct kvpool *p, const struct kvseq *s, uint32_t pos, uint64_t m)
+{
+	const struct kvpool_config *c = kvpool_config(p);
+	uint8_t *b = kvpool_block(p, s->blocks[pos / c->block_tokens]);
+
+	memcpy(b + row_off(p, 0, 0, pos % c->block_tokens), &m, 8);
+	memcpy(b + row_off(p, c->n_layers - 1, 1, pos % c->block_tokens), &m, 8);
+}
+
+static void expect_marker(struct kvpool *p, const struct kvseq *s, uint32_t pos, uint64_t m)
+{
+	const struct kvpool_config *c = kvpool_config(p);
+	uint8_t *b = kvpool_block(p, s->blocks[pos / c->block_tokens]);
+	uint64_t k, v;
+
+	memcpy(&k, b + row_off(p, 0, 0, pos % c->block_tokens), 8);
+	memcpy(&v, b + row_off(p, c->n_layers - 1, 1, pos % c->block_tokens), 8);
+	if (k != m || v != m)
+		fail_msg("position %u: K marker %016llx V marker %016llx, expected %016llx", pos,
+			 (unsigned long long)k, (unsigned long long)v, (unsigned long long)m);
+}
+
+static uint64_t mix(uint64_t x)
+{
+	x += 0x9E3779B97F4A7C15ull;
+	x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+	x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+	return x ^ (x >> 31);
+}
+
+/* Like real K/V, position p's content depends on every token up to p. */
+static uint64_t next_marker(uint64_t prev, uint32_t tok)
+{
+	return mix(prev ^ ((uint64_t)tok << 17));
+}
+
+/* prepare + write markers + commit, asserting success. */
+static void write_tokens(struct kvpool *p, struct kvseq *s, uint32_t from, const uint32_t *toks,
+			 uint32_t k)
+{
+	assert_int_equal(kvseq_prepare(p, s, from, from + k), 0);
+	for (uint32_t i = 0; i < k; i++)
+		put_marker(p, s, from + i, mix(toks[i] + 1000 * (uint64_t)(from + i)));
+	assert_int_equal(kvseq_commit(p, s, from, from + k, toks), 0);
+}
+
+/* ---- config and sizes ---- */
+
+static void test_config_validation(void **state)
+{
+	(void)state;
+	struct kvpool_config ok = { 4, 16, 2, 64, KB_F16 };
+	struct kvpool *p = (struct kvpool *)1;
+	struct kvpool_config c;
+
+	assert_int_equal(kvpool_create(NULL, &ok), -EINVAL);
+	assert_int_equal(kvpool_create(&p, NULL), -EINVAL);
+
+	const struct { uint32_t nb, bt, nl, dim, type; } bad[] = {
+		{ 0, 16, 2, 64, KB_F16 },	/* no blocks */
+		{ 4, 0, 2, 64, KB_F16 },	/* block_tokens 0 */
+		{ 4, 3, 2, 64, KB_F16 },	/* not a power of two */
+		{ 4, 24, 2, 64, KB_F16 },
+		{ 4, 2048, 2, 64, KB_F16 },	/* above 1024 */
+		{ 4, 16, 0, 64, KB_F16 },	/* no layers */
+		{ 4, 16, 2, 0, KB_F16 },	/* no kv_dim */
+		{ 4, 16, 2, 64, KB_Q4_0 },	/* not a KV type */
+		{ 4, 16, 2, 64, 99 },
+		{ 4, 16, 2, 48, KB_Q8_0 },	/* q8_0 needs kv_dim % 32 == 0 */
+		/* n_blocks * block bytes overflows size_t */
+		{ UINT32_MAX, 1024, UINT32_MAX, UINT32_MAX, KB_F32 },
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		c = (struct kvpool_config){ bad[i].nb, bad[i].bt, bad[i].nl, bad[i].dim, bad[i].type };
+		p = (struct kvpool *)1;
+		if (kvpool_create(&p, &c) != -EINVAL)
+			fail_msg("bad config %zu accepted", i);
+		assert_null(p);
+	}
+
+	/* Representable but far beyond any address space: the reservation fails. */
+	c = (struct kvpool_config){ 1u << 20, 1024, 1024, 1024, KB_F32 };
+	assert_int_equal(kvpool_create(&p, &c), -ENOMEM);
+	assert_null(p);
+
+	const struct { uint32_t bt, dim, type; } good[] = {
+		{ 1, 1, KB_F32 }, { 1024, 8, KB_F16 }, { 16, 64, KB_Q8_0 }, { 2, 3, KB_F16 },
+	};
+	for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+		c = (struct kvpool_config){ 3, good[i].bt, 2, good[i].dim, good[i].type };
+		assert_int_equal(kvpool_create(&p, &c), 0);
+		assert_memory_equal(kvpool_config(p), &c, sizeof(c));
+		CHECK(p, NULL, 0);
+		kvpool_destroy(p);
+	}
+	kvpool_destroy(NULL);
+}
+
+static void test_sizes(void **state)
+{
+	(void)state;
+	/* The default model: 30 layers, 3 KV heads x 64 = kv_dim 192. */
+	assert_int_equal(kvpool_row_bytes(KB_F16, 192), 384);
+	assert_int_equal(kvpool_row_bytes(KB_F32, 192), 768);
+	assert_int_equal(kvpool_row_bytes(KB_Q8_0, 192), 6 * 34);
+	assert_int_equal(kvpool_row_bytes(KB_Q8_0, 48), 0);
+	assert_int_equal(kvpool_row_bytes(KB_Q4_0, 192), 0);
+	assert_int_equal(kvpool_token_bytes(KB_F16, 30, 192), 23040);
+	assert_int_equal(kvpool_token_bytes(KB_F32, 30, 192), 46080);
+	assert_int_equal(kvpool_token_bytes(KB_Q8_0, 30, 192), 12240);
+	assert_int_equal(kvpool_token_bytes(KB_Q8_0, 30, 100), 0);
+
+	const uint32_t types[] = { KB_F16, KB_F32, KB_Q8_0 };
+	for (size_t t = 0; t < 3; t++) {
+		struct kvpool *p = make_pool(10, 16, 30, 192, types[t]);
+		size_t bb = kvpool_block_bytes(p);
+		struct kvpool_stats st = stats(p);
+
+		assert_int_equal(bb, 16 * kvpool_token_bytes(types[t], 30, 192));
+		assert_int_equal(st.blocks_total, 10);
+		assert_int_equal(st.blocks_free, 10);
+		assert_int_equal(st.blocks_in_use + st.blocks_cached + st.bytes_used, 0);
+		assert_int_equal(st.bytes_total, 10 * bb);
+		assert_int_equal((uintptr_t)kvpool_base(p) % 64, 0);
+		for (uint32_t i = 0; i < 10; i++)
+			assert_ptr_equal(kvpool_block(p, i), kvpool_base(p) + i * bb);
+		assert_null(kvpool_block(p, 10));
+		assert_null(kvpool_block(p, KVPOOL_NONE));
+		/* The whole reservation is writable. */
+		memset(kvpool_base(p), 0xa5, st.bytes_total);
+
+		uint32_t id;
+		assert_int_equal(kvpool_alloc(p, &id), 0);
+		st = stats(p);
+		assert_int_equal(st.bytes_used, bb);
+		kvpool_destroy(p);
+	}
+	struct kvpool *p = make_pool(1, 16, 30, 192, KB_F16);
+	assert_int_equal(kvpool_block_bytes(p), 368640);	/* 16 tokens x 23040 bytes */
+	kvpool_destroy(p);
+}
+
+/* ---- blocks ---- */
+
+static void test_alloc_refcount(void **state)
+{
+	(void)state;
+	struct kvpool *p = make_pool(8, 4, 2, 8, KB_F16);
+	uint32_t ids[8], id;
+	struct kvpool_stats st;
+
+	for (uint32_t i = 0; i < 8; i++) {
+		assert_int_equal(kvpool_alloc(p, &ids[i]), 0);
+		assert_int_equal(ids[i], i);	/* a fresh pool hands out 0, 1, 2, ... */
+		assert_int_equal(kvpool_refcount(p, i), 1);
+		assert_false(kvpool_registered(p, i));
+	}
+	assert_int_equal(kvpool_alloc(p, &id), -ENOSPC);
+	assert_int_equal(kvpool_alloc(p, NULL), -EINVAL);
+	st = stats(p);
+	assert_int_equal(st.blocks_in_use, 8);
+	assert_int_equal(st.blocks_free, 0);
+
+	kvpool_ref(p, 3);
+	kvpool_ref(p, 3);
+	assert_int_equal(kvpool_refcount(p, 3), 3);
+	kvpool_unref(p, 3);
+	kvpool_unref(p, 3);
+	assert_int_equal(kvpool_refcount(p, 3), 1);
+
+	/* Release 2 and 5: exactly those come back (the free list is a stack: 5 first). */
+	kvpool_unref(p, 2);
+	kvpool_unref(p, 5);
+	st = stats(p);
+	assert_int_equal(st.blocks_in_use, 6);
+	assert_int_equal(st.blocks_free, 2);
+	assert_int_equal(kvpool_alloc(p, &id), 0);
+	assert_int_equal(id, 5);
+	assert_int_equal(kvpool_alloc(p, &id), 0);
+	assert_int_equal(id, 2);
+	assert_int_equal(kvpool_alloc(p, &id), -ENOSPC);
+
+	for (uint32_t i = 0; i < 8; i++)
+		kvpool_unref(p, i);
+	CHECK(p, NULL, 0);
+	st = stats(p);
+	assert_int_equal(st.blocks_free, 8);
+	assert_int_equal(st.bytes_used, 0);
+
+	/* Misuse is ignored and corrupts nothing. */
+	kvpool_unref(p, 4);			/* refcount already 0 */
+	kvpool_unref(p, 8);			/* out of range */
+	kvpool_unref(p, KVPOOL_NONE);
+	kvpool_ref(p, 4);			/* nobody holds it */
+	kvpool_ref(p, 99);
+	assert_int_equal(kvpool_refcount(p, 4), 0);
+	assert_int_equal(kvpool_refcount(p, 99), 0);
+	assert_false(kvpool_registered(p, 99));
+	assert_int_equal(kvpool_register(p, 4, 1), -EINVAL);	/* not held */
+	assert_int_equal(kvpool_register(p, 99, 1), -EINVAL);
+	assert_int_equal(kvpool_lookup(p, 1, NULL), -EINVAL);
+	CHECK(p, NULL, 0);
+	st = stats(p);
+	assert_int_equal(st.blocks_free, 8);
+
+	for (uint32_t i = 0; i < 8; i++)
+		assert_int_equal(kvpool_alloc(p, &ids[i]), 0);
+	for (uint32_t i = 0; i < 8; i++)
+		kvpool_unref(p, ids[i]);
+	CHECK(p, NULL, 0);
+	kvpool_destroy(p);
+}
+
+static void test_register_lookup(void **state)
+{
+	(void)state;
+	struct kvpool *p = make_pool(4, 4, 2, 8, KB_F16);
+	uint32_t a, b, id;
+	struct kvpool_stats st;
+
+	assert_int_equal(kvpool_alloc(p, &a), 0);
+	assert_int_equal(kvpool_alloc(p, &b), 0);
+	assert_int_equal(kvpool_lookup(p, 0, &id), -ENOENT);
+	assert_int_equal(kvpool_register(p, a, 0), 0);		/* 0 is a real key */
+	assert_int_equal(kvpool_register(p, a, 0), 0);		/* idempotent */
+	assert_int_equal(kvpool_register(p, a, 7), -EINVAL);	/* already under another key */
+	assert_int_equal(kvpool_register(p, b, 0), -EEXIST);
+	assert_false(kvpool_registered(p, b));
+	assert_true(kvpool_registered(p, a));
+
+	assert_int_equal(kvpool_lookup(p, 0, &id), 0);
+	assert_int_equal(id, a);
+	assert_int_equal(kvpool_refcount(p, a), 2);
+	kvpool_unref(p, a);
+	kvpool_unref(p, a);	/* registered, refcount 0: cached */
+	kvpool_unref(p, b);	/* unregistered: free */
+	st = stats(p);
+	assert_int_equal(st.blocks_cached, 1);
+	assert_int_equal(st.blocks_free, 3);
+	CHECK(p, NULL, 0);
+
+	/* A cached block is found again and leaves the LRU. */
+	assert_int_equal(kvpool_lookup(p, 0, &id), 0);
+	assert_int_equal(id, a);
+	st = stats(p);
+	assert_int_equal(st.blocks_cached, 0);
+	assert_int_equal(st.blocks_in_use, 1);
+	kvpool_unref(p, a);
+
+	/* Free blocks are used before any cached block is evicted. */
+	for (int i = 0; i < 3; i++) {
+		assert_int_equal(kvpool_alloc(p, &id), 0);
+		assert_int_not_equal(id, a);
+	}
+	assert_int_equal(stats(p).evictions, 0);
+	assert_int_equal(kvpool_alloc(p, &id), 0);
+	assert_int_equal(id, a);
+	assert_int_equal(stats(p).evictions, 1);
+	assert_false(kvpool_registered(p, a));
+	assert_int_equal(kvpool_lookup(p, 0, &id), -ENOENT);
+	for (uint32_t i = 0; i < 4; i++)
+		kvpool_unref(p, i);
+	CHECK(p, NULL, 0);
+	kvpool_destroy(p);
+}
+
+static void test_key(void **state)
+{
+	(void)state;
+	uint32_t toks[2000];
+	uint8_t buf[12 + sizeof(toks)];
+	uint64_t parent = 0x0123456789abcdefull;
+	uint32_t ns = 1000;
+
+	for (uint32_t i = 0; i < 2000; i++)
+		toks[i] = i * 2654435761u;
+	memcpy(buf, &parent, 8);
+	memcpy(buf + 8, &ns, 4);
+	memcpy(buf + 12, toks, sizeof(toks));
+	/* The hashed layout is pinned: (parent u64, ns u32, tokens u32[n]). */
+	assert_true(kvpool_key(parent, ns, toks, 16) == XXH3_64bits(buf, 12 + 64));
+	assert_true(kvpool_key(parent, ns, toks, 0) == XXH3_64bits(buf, 12));
+	assert_true(kvpool_key(parent, ns, toks, 1024) == XXH3_64bits(buf, 12 + 4096));
+	assert_true(kvpool_key(parent, ns, toks, 2000) == XXH3_64bits(buf, sizeof(buf)));
+
+	uint64_t k = kvpool_key(parent, ns, toks, 16);
+	assert_true(k != kvpool_key(parent + 1, ns, toks, 16));
+	assert_true(k != kvpool_key(parent, ns + 1, toks, 16));
+	assert_true(k != kvpool_key(parent, ns, toks + 1, 16));
+	assert_true(k != kvpool_key(parent, ns, toks, 15));
+}
+
+/* ---- prefix cache ---- */
+
+static void test_prefix_reuse(void **state)
+{
+	(void)state;
+	struct kvpool *p = make_pool(32, 16, 2, 8, KB_F16);
+	struct kvseq a, b, c, d, e, f, g;
+	uint32_t prompt[49];
+	uint64_t hb = 0, ht = 0, mb = 0, mt = 0;
+	struct kvpool_stats st;
+
+#define EXPECT_COUNTS()                                                 \
+	do {                                                            \
+		st = stats(p);                                          \
+		assert_int_equal(st.prefix_hit_blocks, hb);             \
+		assert_int_equal(st.prefix_hit_tokens, ht);             \
+		assert_int_equal(st.prefix_miss_blocks, mb);            \
+		assert_int_equal(st.prefix_miss_tokens, mt);            \
+	} while (0)
+
+	for (uint32_t i = 0; i < 49; i++)
+		prompt[i] = 7 * i + 3;
+
+	/* a (uid 5) computes 48 tokens: three full blocks get registered. */
+	kvseq_init(&a, 5);
+	assert_int_equal(kvseq_attach_prefix(p, &a, prompt, 48), 0);
+	mb += 3, mt += 48;
+	EXPECT_COUNTS();
+	write_tokens(p, &a, 0, prompt, 48);
+	assert_int_equal(a.n_keyed, 3);
+	for (uint32_t i = 0; i < 3; i++)
+		assert_true(kvpool_registered(p, a.blocks[i]));
+	{
+		const struct kvseq *l[] = { &a };
+		CHECK(p, l, 1);
+	}
+
+	/* Same 40-token prompt, same uid: two blocks (32 tokens) reused. */
+	kvseq_init(&b, 5);
+	assert_int_equal(kvseq_attach_prefix(p, &b, prompt, 40), 32);
+	hb += 2, ht += 32, mb += 1, mt += 8;
+	EXPECT_COUNTS();
+	assert_int_equal(b.n_tokens, 32);
+	assert_int_equal(b.n_blocks, 2);
+	assert_int_equal(b.n_keyed, 2);
+	assert_int_equal(b.blocks[0], a.blocks[0]);
+	assert_int_equal(b.blocks[1], a.blocks[1]);
+	assert_int_equal(kvpool_refcount(p, a.blocks[0]), 2);
+	assert_int_equal(kvpool_refcount(p, a.blocks[2]), 1);
+	assert_memory_equal(b.tokens, prompt, 32 * sizeof(uint32_t));
+
+	/* 48 tokens: the third block holds the last token, so still two. */
+	kvseq_init(&c, 5);
+	assert_int_equal(kvseq_attach_prefix(p, &c, prompt, 48), 32);
+	hb += 2, ht += 32, mb += 1, mt += 16;
+	EXPECT_COUNTS();
+	/* 49 tokens: now the third block is entirely before the last token. */
+	kvseq_init(&d, 5);
+	assert_int_equal(kvseq_attach_prefix(p, &d, prompt, 49), 48);
+	hb += 3, ht += 48, mb += 1, mt += 1;
+	EXPECT_COUNTS();
+	assert_int_equal(d.blocks[2], a.blocks[2]);
+	assert_int_equal(d.last_key, a.last_key);
+
+	/* Another uid: no hit, even though the blocks are there. */
+	kvseq_init(&e, 6);
+	assert_int_equal(kvseq_attach_prefix(p, &e, prompt, 48), 0);
+	mb += 3, mt += 48;
+	EXPECT_COUNTS();
+	assert_int_equal(e.n_blocks, 0);
+
+	/* Global sharing: namespace 0 shares among everyone who uses it. */
+	kvseq_init(&f, 0);
+	assert_int_equal(kvseq_attach_prefix(p, &f, prompt, 40), 0);
+	mb += 3, mt += 40;
+	write_tokens(p, &f, 0, prompt, 40);
+	kvseq_init(&g, 0);
+	assert_int_equal(kvseq_attach_prefix(p, &g, prompt, 40), 32);
+	hb += 2, ht += 32, mb += 1, mt += 8;
+	EXPECT_COUNTS();
+	assert_int_equal(g.blocks[1], f.blocks[1]);
+	assert_int_not_equal(g.blocks[0], a.blocks[0]);
+
+	/* Tokens differing in the second block: only the first hits. */
+	uint32_t other[40];
+	memcpy(other, prompt, sizeof(other));
+	other[20] = 999;
+	kvseq_release(p, &g);
+	kvseq_init(&g, 0);
+	assert_int_equal(kvseq_attach_prefix(p, &g, other, 40), 16);
+	hb += 1, ht += 16, mb += 2, mt += 24;
+	EXPECT_COUNTS();
+
+	/* Empty and misused attaches count nothing. */
+	assert_int_equal(kvseq_attach_prefix(p, &e, prompt, 0), 0);
+	assert_int_equal(kvseq_attach_prefix(p, &g, prompt, 40), -EINVAL);	/* g not empty */
+	EXPECT_COUNTS();
+
+	const struct kvseq *l[] = { &a, &b, &c, &d, &e, &f, &g };
+	CHECK(p, l, 7);
+	st = stats(p);
+	assert_int_equal(st.tokens_stored, 48 + 32 + 32 + 48 + 0 + 40 + 16);
+	assert_int_equal(st.slots_allocated, (3 + 2 + 2 + 3 + 0 + 3 + 1) * 16);
+	/* Distinct blocks: a's three, f's three (its third is partial), none else. */
+	assert_int_equal(st.blocks_in_use, 6);
+
+	kvseq_release(p, &a);
+	kvseq_release(p, &b);
+	kvseq_release(p, &c);
+	kvseq_release(p, &d);
+	kvseq_release(p, &e);
+	kvseq_release(p, &f);
+	kvseq_release(p, &g);
+	CHECK(p, NULL, 0);
+	st = stats(p);
+	assert_int_equal(st.blocks_in_use, 0);
+	assert_int_equal(st.blocks_cached, 5);	/* a's 3, f's 2 full */
+	assert_int_equal(st.tokens_stored, 0);
+	assert_int_equal(st.slots_allocated, 0);
+
+	/* Cached blocks still serve a new prompt after everyone left. */
+	kvseq_init(&a, 5);
+	assert_int_equal(kvseq_attach_prefix(p, &a, prompt, 49), 48);
+	assert_int_equal(stats(p).blocks_cached, 2);
+	kvseq_release(p, &a);
+	kvpool_destroy(p);
+#undef EXPECT_COUNTS
+}
+
+/* Two sequences compute the same prefix: the loser's block stays private, its chain goes on. */
+static void test_duplicate_prefix(void **state)
+{
+	(void)state;
+	struct kvpool *p = make_pool(16, 16, 2, 8, KB_F16);
+	uint32_t prompt[33];
+	struct kvseq a, b, c;
+
+	for (uint32_t i = 0; i < 33; i++)
+		prompt[i] = i * 3;
+	kvseq_init(&a, 2);
+	kvseq_init(&b, 2);
+	assert_int_equal(kvseq_attach_prefix(p, &a, prompt, 33), 0);
+	assert_int_equal(kvseq_attach_prefix(p, &b, prompt, 33), 0);	/* nothing registered yet */
+	write_tokens(p, &a, 0, prompt, 16);
+	write_tokens(p, &b, 0, prompt, 32);
+	assert_true(kvpool_registered(p, a.blocks[0]));
+	assert_false(kvpool_registered(p, b.blocks[0]));	/* -EEXIST: private */
+	assert_true(kvpool_registered(p, b.blocks[1]));	/* keyed after a's block 0 */
+	assert_int_equal(b.n_keyed, 2);
+	assert_true(b.last_key == kvpool_key(a.last_key, 2, prompt + 16, 16));
+
+	kvseq_init(&c, 2);
+	assert_int_equal(kvseq_attach_prefix(p, &c, prompt, 33), 32);
+	assert_int_equal(c.blocks[0], a.blocks[0]);
+	assert_int_equal(c.blocks[1], b.blocks[1]);
+	const struct kvseq *l[] = { &a, &b, &c };
+	CHECK(p, l, 3);
+	kvseq_release(p, &a);
+	kvseq_release(p, &b);
+	kvseq_release(p, &c);
+	CHECK(p, NULL, 0);
+	assert_int_equal(stats(p).blocks_cached, 2);
+	kvpool_destroy(p);
+}
+
+static void test_lru_eviction(void **state)
+{
+	(void)state;
+	struct kvpool *p = make_pool(8, 4, 2, 8, KB_F16);
+	uint32_t id, held;
+	const uint64_t key[8] = { 0, 11, 22, 33, 44, 55, 66, 77 };
+
+	/* Blocks 0..7 registered, then released in that order: LRU 0 1 2 3 4 5 6 7. */
+	for (uint32_t i = 0; i < 8; i++) {
+		assert_int_equal(kvpool_alloc(p, &id), 0);
+		assert_int_equal(kvpool_register(p, id, key[id]), 0);
+	}
+	for (uint32_t i = 0; i < 8; i++)
+		kvpool_unref(p, i);
+	assert_int_equal(stats(p).blocks_cached, 8);
+	CHECK(p, NULL, 0);
+
+	/* Touch 2 then 5: LRU 0 1 3 4 6 7 2 5. Hold 6 (in use, never evicted). */
+	assert_int_equal(kvpool_lookup(p, key[2], &id), 0);
+	kvpool_unref(p, id);
+	assert_int_equal(kvpool_lookup(p, key[5], &id), 0);
+	kvpool_unref(p, id);
+	assert_int_equal(kvpool_lookup(p, key[6], &held), 0);
+	assert_int_equal(held, 6);
+
+	const uint32_t first[3] = { 0, 1, 3 };
+	for (int i = 0; i < 3; i++) {
+		assert_int_equal(kvpool_alloc(p, &id), 0);
+		assert_int_equal(id, first[i]);
+		assert_false(kvpool_registered(p, id));
+	}
+	assert_int_equal(stats(p).evictions, 3);
+	assert_int_equal(kvpool_lookup(p, key[0], &id), -ENOENT);
+	assert_int_equal(kvpool_lookup(p, key[1], &id), -ENOENT);
+	assert_int_equal(kvpool_lookup(p, key[3], &id), -ENOENT);
+	/* 4 is still cached; touching it moves it behind 5: LRU 7 2 5 4. */
+	assert_int_equal(kvpool_lookup(p, key[4], &id), 0);
+	assert_int_equal(id, 4);
+	kvpool_unref(p, id);
+
+	const uint32_t rest[4] = { 7, 2, 5, 4 };
+	for (int i = 0; i < 4; i++) {
+		assert_int_equal(kvpool_alloc(p, &id), 0);
+		assert_int_equal(id, rest[i]);
+	}
+	assert_int_equal(kvpool_alloc(p, &id), -ENOSPC);
+	assert_int_equal(stats(p).evictions, 7);
+	/* The held block kept its key. */
+	assert_int_equal(kvpool_lookup(p, key[6], &id), 0);
+	assert_int_equal(id, 6);
+	kvpool_unref(p, 6);
+	for (uint32_t i = 0; i < 8; i++)
+		kvpool_unref(p, i);
+	CHECK(p, NULL, 0);
+	assert_int_equal(stats(p).blocks_cached, 1);
+	assert_int_equal(stats(p).blocks_free, 7);
+	kvpool_destroy(p);
+}
+
+/* ---- writes ---- */
+
+static void test_cow_fork(void **state)
+{
+	(void)state;
+	struct kvpool *p = make_pool(8, 16, 2, 8, KB_F16);
+	size_t bb = kvpool_block_bytes(p);
+	uint32_t toks[40];
+	struct kvseq a, b;
+	uint8_t *snap = malloc(bb);
+
+	assert_non_null(snap);
+	for (uint32_t i = 0; i < 40; i++)
+		toks[i] = i + 100;
+	kvseq_init(&a, 1);
+	write_tokens(p, &a, 0, toks, 20);	/* block 1 holds positions 16..19 */
+	memset(kvpool_block(p, a.blocks[1]) + row_off(p, 1, 0, 8), 0x5a, 8);	/* past the marker rows */
+	memcpy(snap, kvpool_block(p, a.blocks[1]), bb);
+
+	kvseq_init(&b, 99);
+	assert_int_equal(kvseq_fork(p, &b, &a), 0);
+	assert_int_equal(b.ns, 1);	/* a fork continues its source's key chain */
+	assert_int_equal(b.n_tokens, 20);
+	assert_int_equal(b.blocks[0], a.blocks[0]);
+	assert_int_equal(b.blocks[1], a.blocks[1]);
+	assert_int_equal(kvpool_refcount(p, a.blocks[1]), 2);
+	{
+		const struct kvseq *l[] = { &a, &b };
+		CHECK(p, l, 2);
+	}
+
+	/* Writing the shared partial block without prepare is refused. */
+	assert_int_equal(kvseq_commit(p, &b, 20, 21, toks + 20), -EINVAL);
+	assert_int_equal(kvseq_commit(p, &b, 19, 21, toks + 19), -EINVAL);	/* from != n_tokens */
+	assert_int_equal(b.n_tokens, 20);
+
+	/* b writes position 20: it gets a copy, a's block is untouched. */
+	assert_int_equal(kvseq_prepare(p, &b, 20, 21), 0);
+	assert_int_equal(stats(p).cow_copies, 1);
+	assert_int_not_equal(b.blocks[1], a.blocks[1]);
+	assert_int_equal(b.blocks[0], a.blocks[0]);	/* the full block stays shared */
+	assert_int_equal(kvpool_refcount(p, a.blocks[1]), 1);
+	assert_int_equal(kvpool_refcount(p, b.blocks[1]), 1);
+	assert_memory_equal(kvpool_block(p, b.blocks[1]), snap, bb);
+	put_marker(p, &b, 20, 0xdeadbeefcafef00dull);
+	put_marker(p, &b, 16, 0x1111);	/* even rewriting an old slot only touches the copy */
+	assert_int_equal(kvseq_commit(p, &b, 20, 21, toks + 20), 0);
+	assert_memory_equal(kvpool_block(p, a.blocks[1]), snap, bb);
+	{
+		const struct kvseq *l[] = { &a, &b };
+		CHECK(p, l, 2);
+	}
+
+	/* a now holds its partial block alone and unregistered: no copy. */
+	assert_int_equal(kvseq_prepare(p, &a, 20, 21), 0);
+	assert_int_equal(stats(p).cow_copies, 1);
+	assert_int_equal(kvseq_commit(p, &a, 20, 21, toks + 20), 0);
+
+	/* a fills block 1 (registered), then truncates into it and rewrites: copy. */
+	write_tokens(p, &a, 21, toks + 21, 11);
+	uint32_t full = a.blocks[1];
+	uint64_t key1 = a.last_key;
+	assert_true(kvpool_registered(p, full));
+	memcpy(snap, kvpool_block(p, full), bb);
+	assert_int_equal(kvseq_prepare(p, &a, 24, 24), 0);	/* truncation alone copies nothing */
+	assert_int_equal(a.n_tokens, 24);
+	assert_int_equal(a.n_keyed, 1);
+	assert_true(a.last_key == kvpool_key(0, 1, toks, 16));
+	assert_int_equal(a.blocks[1], full);
+	assert_int_equal(stats(p).cow_copies, 1);
+	uint32_t alt[8] = { 1, 2, 3, 4, 5, 6, 7, 8 };
+	write_tokens(p, &a, 24, alt, 8);
+	assert_int_equal(stats(p).cow_copies, 2);
+	assert_int_not_equal(a.blocks[1], full);
+	assert_memory_equal(kvpool_block(p, full), snap, bb);
+	/* The old block is cached under its old key, the new one under the new chain. */
+	assert_int_equal(kvpool_refcount(p, full), 0);
+	assert_int_equal(stats(p).blocks_cached, 1);
+	uint32_t id;
+	assert_int_equal(kvpool_lookup(p, key1, &id), 0);
+	assert_int_equal(id, full);
+	kvpool_unref(p, id);
+	uint32_t mixed[32];
+	memcpy(mixed, toks, 24 * sizeof(uint32_t));
+	memcpy(mixed + 24, alt, sizeof(alt));
+	assert_true(a.last_key == kvpool_key(kvpool_key(0, 1, mixed, 16), 1, mixed + 16, 16));
+	assert_true(kvpool_registered(p, a.blocks[1]));
+	{
+		const struct kvseq *l[] = { &a, &b };
+		CHECK(p, l, 2);
+	}
+
+	/* A fork between prepare and commit shares only the written positions. */
+	struct kvseq c;
+	assert_int_equal(kvseq_prepare(p, &a, 32, 50), 0);
+	assert_int_equal(a.n_blocks, 4);
+	kvseq_init(&c, 1);
+	assert_int_equal(kvseq_fork(p, &c, &a), 0);
+	assert_int_equal(c.n_blocks, 2);
+	assert_int_equal(c.n_tokens, 32);
+	assert_int_equal(kvpool_refcount(p, a.blocks[2]), 1);
+	assert_int_equal(kvseq_commit(p, &a, 32, 40, toks), 0);
+	{
+		const struct kvseq *l[] = { &a, &b, &c };
+		CHECK(p, l, 3);
+	}
+
+	kvseq_release(p, &a);
+	kvseq_release(p, &b);
+	kvseq_release(p, &c);
+	CHECK(p, NULL, 0);
+	free(snap);
+	kvpool_destroy(p);
+}
+
+static int seq_equal(const struct kvseq *x, const struct kvseq *y)
+{
+	return x->n_blocks == y->n_blocks && x->n_tokens == y->n_tokens &&
+	       x->n_keyed == y->n_keyed && x->last_key == y->last_key && x->ns == y->ns &&
+	       !memcmp(x->blocks, y->blocks, x->n_blocks * sizeof(uint32_t)) &&
+	       !memcmp(x->tokens, y->tokens, x->n_tokens * sizeof(uint32_t));
+}
+
+static void test_enospc_rollback(void **state)
+{
+	(void)state;
+	struct kvpool *p = make_pool(6, 4, 2, 8, KB_F16);
+	uint32_t toks[64], id, xblock;
+	struct kvseq a, b, c, x, saved;
+	struct kvpool_stats before, after;
+
+	for (uint32_t i = 0; i < 64; i++)
+		toks[i] = i;
+	kvseq_init(&a, 0);
+	write_tokens(p, &a, 0, toks, 8);		/* 2 full blocks */
+	kvseq_init(&x, 0);
+	write_tokens(p, &x, 0, toks + 32, 4);		/* 1 full block ... */
+	xblock = x.blocks[0];
+	uint64_t xkey = x.last_key;
+	kvseq_release(p, &x);				/* ... now cached */
+	kvseq_init(&b, 0);
+	write_tokens(p, &b, 0, toks + 40, 2);		/* 1 partial block */
+	kvseq_init(&c, 0);
+	assert_int_equal(kvseq_fork(p, &c, &b), 0);	/* shared by b and c */
+	const struct kvseq *l[] = { &a, &b, &c };
+	CHECK(p, l, 3);
+	before = stats(p);
+	assert_int_equal(before.blocks_free, 2);
+	assert_int_equal(before.blocks_cached, 1);
+
+	/* c needs a copy plus 4 new blocks; 3 are available. Nothing changes. */
+	saved = c;
+	saved.blocks = malloc(c.cap * sizeof(uint32_t));
+	saved.tokens = malloc(c.tok_cap * sizeof(uint32_t));
+	memcpy(saved.blocks, c.blocks, c.n_blocks * sizeof(uint32_t));
+	memcpy(saved.tokens, c.tokens, c.n_tokens * sizeof(uint32_t));
+	assert_int_equal(kvseq_prepare(p, &c, 2, 18), -ENOSPC);
+	after = stats(p);
+	assert_memory_equal(&before, &after, sizeof(before));
+	assert_true(seq_equal(&c, &saved));
+	CHECK(p, l, 3);
+	/* No eviction happened for the failed request. */
+	assert_int_equal(kvpool_lookup(p, xkey, &id), 0);
+	assert_int_equal(id, xblock);
+	kvpool_unref(p, id);
+
+	/* Without the copy it would not fit either: no block is taken. */
+	assert_int_equal(kvseq_prepare(p, &a, 8, 8 + 16), -ENOSPC);
+	after = stats(p);
+	assert_memory_equal(&before, &after, sizeof(before));
+	CHECK(p, l, 3);
+
+	/* Exactly what is available: the copy and 2 blocks, evicting x's block. */
+	assert_int_equal(kvseq_prepare(p, &c, 2, 12), 0);
+	after = stats(p);
+	assert_int_equal(after.cow_copies, 1);
+	assert_int_equal(after.evictions, 1);
+	assert_int_equal(after.blocks_free + after.blocks_cached, 0);
+	assert_int_equal(kvpool_lookup(p, xkey, &id), -ENOENT);
+	assert_int_equal(c.n_blocks, 3);
+	assert_int_equal(c.n_tokens, 2);
+	assert_int_equal(after.slots_allocated, before.slots_allocated + 8);
+	CHECK(p, l, 3);
+	assert_int_equal(kvseq_commit(p, &c, 2, 12, toks + 2), 0);
+	CHECK(p, l, 3);
+
+	/* A truncating prepare that fails keeps the truncation, and nothing else. */
+	before = stats(p);
+	assert_int_equal(kvseq_prepare(p, &a, 3, 40), -ENOSPC);
+	after = stats(p);
+	assert_int_equal(a.n_tokens, 3);
+	assert_int_equal(a.n_blocks, 1);
+	assert_int_equal(a.n_keyed, 0);
+	assert_true(a.last_key == 0);
+	assert_int_equal(after.tokens_stored, before.tokens_stored - 5);
+	assert_int_equal(after.slots_allocated, before.slots_allocated - 4);
+	assert_int_equal(after.evictions, before.evictions);
+	assert_int_equal(after.cow_copies, before.cow_copies);
+	CHECK(p, l, 3);
+
+	/* Bad ranges. */
+	assert_int_equal(kvseq_prepare(p, &a, 4, 8), -EINVAL);	/* from past n_tokens */
+	assert_int_equal(kvseq_prepare(p, &a, 2, 1), -EINVAL);
+	assert_int_equal(kvseq_prepare(p, &a, 0, UINT32_MAX), -EINVAL);
+	assert_int_equal(kvseq_commit(p, &a, 3, 9, toks), -EINVAL);	/* past prepared blocks */
+	assert_int_equal(a.n_tokens, 3);
+	CHECK(p, l, 3);
+
+	free(saved.blocks);
+	free(saved.tokens);
+	kvseq_release(p, &a);
+	kvseq_release(p, &b);
+	kvseq_release(p, &c);
+	kvseq_release(p, &c);	/* twice is harmless */
+	CHECK(p, NULL, 0);
+	after = stats(p);
+	assert_int_equal(after.tokens_stored + after.slots_allocated + after.blocks_in_use, 0);
+	kvpool_destroy(p);
+}
+
+/* kvpool_check itself must notice broken states. */
+static void test_check_detects(void **state)
+{
+	(void)state;
+	struct kvpool *p = make_pool(8, 4, 2, 8, KB_F16);
+	uint32_t toks[10] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10 };
+	struct kvseq a, b, bad;
+	char err[256];
+
+	kvseq_init(&a, 3);
+	write_tokens(p, &a, 0, toks, 10);
+	kvseq_init(&b, 3);
+	assert_int_equal(kvseq_fork(p, &b, &a), 0);
+	const struct kvseq *both[] = { &a, &b };
+	CHECK(p, both, 2);
+
+	const struct kvseq *only_a[] = { &a };
+	assert_int_equal(kvpool_check(p, only_a, 1, err, sizeof(err)), -EUCLEAN);
+	assert_non_null(strstr(err, "refcount"));
+
+	bad = b;
+	bad.last_key ^= 1;
+	const struct kvseq *l[] = { &a, &bad };
+	assert_int_equal(kvpool_check(p, l, 2, err, sizeof(err)), -EUCLEAN);
+	assert_non_null(strstr(err, "last_key"));
+
+	bad = b;
+	bad.n_tokens = 9;	/* same blocks, one token fewer: stats disagree */
+	assert_int_equal(kvpool_check(p, l, 2, err, sizeof(err)), -EUCLEAN);
+	assert_non_null(strstr(err, "tokens_stored"));
+
+	uint32_t ids[3] = { b.blocks[0], b.blocks[1], 77 };
+	bad = b;
+	bad.blocks = ids;
+	assert_int_equal(kvpool_check(p, l, 2, err, sizeof(err)), -EUCLEAN);
+	assert_non_null(strstr(err, "out of range"));
+
+	uint32_t twice[3] = { b.blocks[0], b.blocks[0], b.blocks[2] };
+	bad.blocks = twice;
+	assert_int_equal(kvpool_check(p, l, 2, err, sizeof(err)), -EUCLEAN);
+	assert_non_null(strstr(err, "twice"));
+
+	/* A registered block whose key is not its tokens' chain. */
+	uint32_t other[10];
+	memcpy(other, toks, sizeof(other));
+	other[5] = 55;
+	bad = b;
+	bad.tokens = other;
+	bad.last_key = kvpool_key(kvpool_key(0, 3, other, 4), 3, other + 4, 4);
+	assert_int_equal(kvpool_check(p, l, 2, err, sizeof(err)), -EUCLEAN);
+	assert_non_null(strstr(err, "registered under"));
+
+	/* A reference nobody accounts for. */
+	kvpool_ref(p, a.blocks[0]);
+	assert_int_equal(kvpool_check(p, both, 2, err, sizeof(err)), -EUCLEAN);
+	assert_non_null(strstr(err, "refcount"));
+	kvpool_unref(p, a.blocks[0]);
+	CHECK(p, both, 2);
+
+	kvseq_release(p, &a);
+	kvseq_release(p, &b);
+	CHECK(p, NULL, 0);
+	kvpool_destroy(p);
+}
+
+/* ---- randomised ---- */
+
+#define R_SEQS 8
+#define R_MAXT 1024
+#define R_KEYS 32
+
+struct shadow {
+	struct kvseq s;
+	uint32_t tok[R_MAXT];
+	uint64_t mk[R_MAXT];
+	uint32_t n;
+	int live;
+};
+
+struct rnd_state {
+	struct kvpool *p;
+	uint32_t bt, max_len;
+	struct shadow sh[R_SEQS];
+	uint32_t base[4][R_MAXT];
+	/* Recently completed blocks: key and the markers of its first and last slots. */
+	struct { uint64_t key, first, last; int used; } keys[R_KEYS];
+	uint64_t rng;
+	unsigned enospc, lookups_hit, lookups_miss;
+};
+
+static uint32_t rnd(struct rnd_state *r, uint32_t n)
+{
+	r->rng = mix(r->rng);
+	return (uint32_t)((r->rng >> 32) % n);
+}
+
+static void verify_seq(struct rnd_state *r, const struct shadow *h)
+{
+	const struct kvseq *s = &h->s;
+
+	assert_int_equal(s->n_tokens, h->n);
+	if (h->n)
+		assert_memory_equal(s->tokens, h->tok, h->n * sizeof(uint32_t));
+	for (uint32_t i = 0; i < h->n; i++)
+		expect_marker(r->p, s, i, h->mk[i]);
+}
+
+static void check_all(struct rnd_state *r)
+{
+	const struct kvseq *l[R_SEQS];
+	size_t n = 0;
+
+	for (int i = 0; i < R_SEQS; i++)
+		if (r->sh[i].live)
+			l[n++] = &r->sh[i].s;
+	CHECK(r->p, l, n);
+}
+
+/* Positions [from, from + k) get toks; -ENOSPC leaves the sequence at [0, from). */
+static int r_append(struct rnd_state *r, struct shadow *h, uint32_t from, const uint32_t *toks,
+		    uint32_t k)
+{
+	struct kvpool_stats before = stats(r->p), after;
+	int ret = kvseq_prepare(r->p, &h->s, from, from + k);
+
+	if (ret == -ENOSPC) {
+		r->enospc++;
+		after = stats(r->p);
+		assert_int_equal(h->s.n_tokens, from);
+		assert_int_equal(h->s.n_blocks, (from + r->bt - 1) / r->bt);
+		assert_int_equal(after.evictions, before.evictions);
+		assert_int_equal(after.cow_copies, before.cow_copies);
+		if (from == h->n)	/* nothing to truncate: nothing changed at all */
+			assert_memory_equal(&before, &after, sizeof(before));
+		h->n = from;
+		return ret;
+	}
+	assert_int_equal(ret, 0);
+	for (uint32_t i = 0; i < k; i++) {
+		uint32_t pos = from + i;
+		h->tok[pos] = toks[i];
+		h->mk[pos] = next_marker(pos ? h->mk[pos - 1] : h->s.ns, toks[i]);
+		put_marker(r->p, &h->s, pos, h->mk[pos]);
+	}
+	assert_int_equal(kvseq_commit(r->p, &h->s, from, from + k, toks), 0);
+	h->n = from + k;
+
+	/* Remember the last full block's key to probe the cache later. */
+	uint32_t full = h->n / r->bt;
+	if (full) {
+		uint64_t key = 0;
+		for (uint32_t b = 0; b < full; b++)
+			key = kvpool_key(key, h->s.ns, h->tok + b * r->bt, r->bt);
+		assert_true(key == h->s.last_key);
+		unsigned slot = rnd(r, R_KEYS);
+		r->keys[slot].key = key;
+		r->keys[slot].first = h->mk[(full - 1) * r->bt];
+		r->keys[slot].last = h->mk[full * r->bt - 1];
+		r->keys[slot].used = 1;
+	}
+	return 0;
+}
+
+static void r_new(struct rnd_state *r, struct shadow *h)
+{
+	uint32_t prompt[R_MAXT];
+	uint32_t n = 1 + rnd(r, r->max_len);
+	const uint32_t *base = r->base[rnd(r, 4)];
+	uint32_t keep = rnd(r, 3) ? n : rnd(r, n + 1);	/* often an exact base prefix */
+	struct kvpool_stats before = stats(r->p), after;
+
+	for (uint32_t i = 0; i < n; i++)
+		prompt[i] = i < keep ? base[i] : rnd(r, 3);
+	kvseq_init(&h->s, rnd(r, 4) ? 0 : 1 + rnd(r, 2));
+	h->live = 1;
+	h->n = 0;
+	int hit = kvseq_attach_prefix(r->p, &h->s, prompt, n);
+	assert_true(hit >= 0);
+	assert_int_equal(hit % r->bt, 0);
+	assert_true((uint32_t)hit <= (n - 1) / r->bt * r->bt);
+	after = stats(r->p);
+	assert_int_equal(after.prefix_hit_tokens - before.prefix_hit_tokens, hit);
+	assert_int_equal(after.prefix_hit_blocks - before.prefix_hit_blocks, hit / r->bt);
+	assert_int_equal(after.prefix_miss_tokens - before.prefix_miss_tokens, n - hit);
+	assert_int_equal(after.prefix_miss_blocks - before.prefix_miss_blocks,
+			 (n + r->bt - 1) / r->bt - hit / r->bt);
+	for (int i = 0; i < hit; i++) {
+		h->tok[i] = prompt[i];
+		h->mk[i] = next_marker(i ? h->mk[i - 1] : h->s.ns, prompt[i]);
+	}
+	h->n = (uint32_t)hit;
+	verify_seq(r, h);	/* reused blocks hold exactly what this prompt would compute */
+	r_append(r, h, h->n, prompt + hit, n - (uint32_t)hit);
+}
+
+static void r_extend(struct rnd_state *r, struct shadow *h, uint32_t from)
+{
+	uint32_t toks[64];
+	uint32_t k = rnd(r, 3) ? 1 : rnd(r, 2 * r->bt + 1);
+
+	if (from + k > r->max_len)
+		k = r->max_len - from;
+	for (uint32_t i = 0; i < k; i++)
+		toks[i] = rnd(r, 3);
+	r_append(r, h, from, toks, k);
+}
+
+static void run_random(uint32_t bt, uint64_t seed, unsigned ops)
+{
+	struct rnd_state *r = calloc(1, sizeof(*r));
+	struct kvpool_stats st;
+
+	assert_non_null(r);
+	r->p = make_pool(64, bt, 2, 8, KB_F16);
+	r->bt = bt;
+	r->max_len = 64 * bt / 4;
+	if (r->max_len > R_MAXT)
+		r->max_len = R_MAXT;
+	r->rng = seed;
+	for (int b = 0; b < 4; b++)
+		for (uint32_t i = 0; i < R_MAXT; i++)
+			r->base[b][i] = rnd(r, 3);
+
+	for (unsigned op = 0; op < ops; op++) {
+		struct shadow *h = &r->sh[rnd(r, R_SEQS)];
+		unsigned what = rnd(r, 100);
+
+		if (!h->live) {
+			if (what < 60) {
+				r_new(r, h);
+			} else {
+				struct shadow *src = &r->sh[rnd(r, R_SEQS)];
+				if (!src->live)
+					continue;
+				kvseq_init(&h->s, 12345);
+				assert_int_equal(kvseq_fork(r->p, &h->s, &src->s), 0);
+				memcpy(h->tok, src->tok, src->n * sizeof(uint32_t));
+				memcpy(h->mk, src->mk, src->n * sizeof(uint64_t));
+				h->n = src->n;
+				h->live = 1;
+			}
+		} else if (what < 55) {
+			r_extend(r, h, h->n);
+		} else if (what < 75) {
+			r_extend(r, h, rnd(r, h->n + 1));	/* truncate, maybe rewrite */
+		} else if (what < 85) {
+			kvseq_release(r->p, &h->s);
+			h->live = 0;
+		} else {
+			unsigned k = rnd(r, R_KEYS);
+			uint32_t id;
+			if (!r->keys[k].used)
+				continue;
+			if (kvpool_lookup(r->p, r->keys[k].key, &id) == 0) {
+				/* A key still present must still hold its content. */
+				struct kvseq one = { .blocks = &id, .n_blocks = 1 };
+				expect_marker(r->p, &one, 0, r->keys[k].first);
+				expect_marker(r->p, &one, bt - 1, r->keys[k].last);
+				kvpool_unref(r->p, id);
+				r->lookups_hit++;
+			} else {
+				r->lookups_miss++;
+			}
+		}
+		check_all(r);
+		if (h->live)
+			verify_seq(r, h);
+		if (op % 64 == 0)
+			for (int i = 0; i < R_SEQS; i++)
+				if (r->sh[i].live)
+					verify_seq(r, &r->sh[i]);
+	}
+
+	st = stats(r->p);
+	/* The run exercised every path it is meant to (one-token blocks are never partial). */
+	if (!st.prefix_hit_blocks || !st.evictions || (bt > 1 && !st.cow_copies) || !r->enospc ||
+	    !r->lookups_hit || !r->lookups_miss)
+		fail_msg("bt %u: hits %llu evictions %llu cow %llu enospc %u lookups %u/%u", bt,
+			 (unsigned long long)st.prefix_hit_blocks,
+			 (unsigned long long)st.evictions, (unsigned long long)st.cow_copies,
+			 r->enospc, r->lookups_hit, r->lookups_miss);
+
+	for (int i = 0; i < R_SEQS; i++)
+		if (r->sh[i].live) {
+			kvseq_release(r->p, &r->sh[i].s);
+			r->sh[i].live = 0;
+		}
+	CHECK(r->p, NULL, 0);
+	st = stats(r->p);
+	assert_int_equal(st.blocks_in_use, 0);
+	assert_int_equal(st.blocks_free + st.blocks_cached, 64);
+	assert_int_equal(st.tokens_stored, 0);
+	assert_int_equal(st.slots_allocated, 0);
+	kvpool_destroy(r->p);
+	free(r);
+}
+
+static void test_random_bt1(void **state)
+{
+	(void)state;
+	run_random(1, 1, 20000);
+}
+
+static void test_random_bt4(void **state)
+{
+	(void)state;
+	run_random(4, 2, 20000);
+}
+
+static void test_random_bt16(void **state)
+{
+	(void)state;
+	run_random(16, 3, 20000);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_config_validation),
+		cmocka_unit_test(test_sizes),
+		cmocka_unit_test(test_alloc_refcount),
+		cmocka_unit_test(test_register_lookup),
+		cmocka_unit_test(test_key),
+		cmocka_unit_test(test_prefix_reuse),
+		cmocka_unit_test(test_duplicate_prefix),
+		cmocka_unit_test(test_lru_eviction),
+		cmocka_unit_test(test_cow_fork),
+		cmocka_unit_test(test_enospc_rollback),
+		cmocka_unit_test(test_check_detects),
+		cmocka_unit_test(test_random_bt1),
+		cmocka_unit_test(test_random_bt4),
+		cmocka_unit_test(test_random_bt16),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
