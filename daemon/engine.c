@@ -7,11 +7,23 @@
 #include "daemon/model.h"
 #include "kernels/backend.h"
 
+/*
+ * Activation scratch lives in one arena sized for the rows of the current
+ * step: a long prefill grows it, and it shrinks back to KEEP_ROWS rows
+ * afterwards, so decode runs on a few kilobytes and the big buffer goes
+ * back to the system.
+ */
+#define KEEP_ROWS 16
+
 struct engine {
 	struct model *m;
 	struct backend *be;
+	struct kvpool *pool;	/* borrowed */
 	uint32_t max_rows;
-	/* Activations, each (max_rows, width): */
+	uint32_t rows_cap;	/* rows the arena holds now */
+	void *arena;
+	size_t arena_bytes;
+	/* Activations carved from the arena, each (rows_cap, width): */
 	float *x;		/* (, dim) residual stream */
 	float *xb;		/* (, dim) normed input of a sub-layer */
 	float *q;		/* (, n_heads * head_dim) */
@@ -21,39 +33,62 @@ struct engine {
 	float *o;		/* (, dim) sub-layer output */
 	float *gate;		/* (, ffn_dim) */
 	float *up;		/* (, ffn_dim) */
-	uint32_t *pos;		/* (max_rows,) */
-	uint32_t *tok;		/* (max_rows,) */
-	uint32_t kv_type;	/* of new sequences */
+	uint32_t *pos;		/* (rows_cap,) */
+	uint32_t *tok;		/* (rows_cap,) */
 };
 
-int engine_create(struct engine **out, struct model *m, struct backend *be, uint32_t max_rows)
+static size_t row_bytes(const struct model_hparams *hp)
 {
-	if (max_rows == 0)
+	size_t qd = (size_t)hp->n_heads * hp->head_dim;
+	return (3 * (size_t)hp->dim + 2 * qd + 2 * (size_t)hp->kv_dim + 2 * (size_t)hp->ffn_dim) *
+		       sizeof(float) + 2 * sizeof(uint32_t);
+}
+
+/* Make the arena hold exactly rows rows (contents are not kept). */
+static int arena_resize(struct engine *e, uint32_t rows)
+{
+	const struct model_hparams *hp = &e->m->hp;
+	size_t r = rows, qd = (size_t)hp->n_heads * hp->head_dim;
+	size_t bytes = r * row_bytes(hp);
+	void *a = malloc(bytes);
+	if (!a)
+		return -ENOMEM;
+	free(e->arena);
+	e->arena = a;
+	e->arena_bytes = bytes;
+	e->rows_cap = rows;
+	float *f = a;
+	e->x = f, f += r * hp->dim;
+	e->xb = f, f += r * hp->dim;
+	e->o = f, f += r * hp->dim;
+	e->q = f, f += r * qd;
+	e->att = f, f += r * qd;
+	e->k = f, f += r * hp->kv_dim;
+	e->v = f, f += r * hp->kv_dim;
+	e->gate = f, f += r * hp->ffn_dim;
+	e->up = f, f += r * hp->ffn_dim;
+	e->pos = (uint32_t *)f;
+	e->tok = e->pos + r;
+	return 0;
+}
+
+int engine_create(struct engine **out, struct model *m, struct backend *be,
+		  struct kvpool *pool, uint32_t max_rows)
+{
+	const struct kvpool_config *pc = kvpool_config(pool);
+	if (max_rows == 0 || pc->n_layers != m->hp.n_layers || pc->kv_dim != m->hp.kv_dim)
 		return -EINVAL;
 	struct engine *e = calloc(1, sizeof(*e));
 	if (!e)
 		return -ENOMEM;
-	const struct model_hparams *hp = &m->hp;
-	size_t r = max_rows, qd = (size_t)hp->n_heads * hp->head_dim;
 	e->m = m;
 	e->be = be;
+	e->pool = pool;
 	e->max_rows = max_rows;
-	e->kv_type = KB_F16;
-	e->x = malloc(r * hp->dim * sizeof(float));
-	e->xb = malloc(r * hp->dim * sizeof(float));
-	e->q = malloc(r * qd * sizeof(float));
-	e->k = malloc(r * hp->kv_dim * sizeof(float));
-	e->v = malloc(r * hp->kv_dim * sizeof(float));
-	e->att = malloc(r * qd * sizeof(float));
-	e->o = malloc(r * hp->dim * sizeof(float));
-	e->gate = malloc(r * hp->ffn_dim * sizeof(float));
-	e->up = malloc(r * hp->ffn_dim * sizeof(float));
-	e->pos = malloc(r * sizeof(uint32_t));
-	e->tok = malloc(r * sizeof(uint32_t));
-	if (!e->x || !e->xb || !e->q || !e->k || !e->v || !e->att || !e->o || !e->gate ||
-	    !e->up || !e->pos || !e->tok) {
-		engine_destroy(e);
-		return -ENOMEM;
+	int rc = arena_resize(e, max_rows < KEEP_ROWS ? max_rows : KEEP_ROWS);
+	if (rc) {
+		free(e);
+		return rc;
 	}
 	*out = e;
 	return 0;
@@ -63,17 +98,7 @@ void engine_destroy(struct engine *e)
 {
 	if (!e)
 		return;
-	free(e->x);
-	free(e->xb);
-	free(e->q);
-	free(e->k);
-	free(e->v);
-	free(e->att);
-	free(e->o);
-	free(e->gate);
-	free(e->up);
-	free(e->pos);
-	free(e->tok);
+	free(e->arena);
 	free(e);
 }
 
@@ -82,38 +107,34 @@ uint32_t engine_max_rows(const struct engine *e)
 	return e->max_rows;
 }
 
-int engine_set_kv_type(struct engine *e, uint32_t kb_type)
+struct kvpool *engine_pool(const struct engine *e)
 {
-	if (kb_type != KB_F16 && kb_type != KB_F32)
-		return -ENOTSUP;
-	e->kv_type = kb_type;
-	return 0;
+	return e->pool;
 }
 
-int engine_seq_init(struct engine *e, struct engine_seq *s, uint32_t n_ctx)
+size_t engine_scratch_bytes(const struct engine *e)
 {
-	const struct model_hparams *hp = &e->m->hp;
-	if (n_ctx == 0)
-		n_ctx = hp->ctx_len;
-	size_t n = (size_t)hp->n_layers * n_ctx * hp->kv_dim;
-	memset(s, 0, sizeof(*s));
-	size_t elem = e->kv_type == KB_F32 ? sizeof(float) : sizeof(uint16_t);
-	s->kv_type = e->kv_type;
-	s->k = malloc(n * elem);
-	s->v = malloc(n * elem);
-	if (!s->k || !s->v) {
-		engine_seq_release(s);
-		return -ENOMEM;
-	}
-	s->n_ctx = n_ctx;
-	return 0;
+	return e->arena_bytes;
 }
 
-void engine_seq_release(struct engine_seq *s)
+void engine_seq_init(struct engine *e, struct engine_seq *s, uint32_t ns)
 {
-	free(s->k);
-	free(s->v);
-	memset(s, 0, sizeof(*s));
+	(void)e;
+	kvseq_init(&s->kv, ns);
+}
+
+void engine_seq_release(struct engine *e, struct engine_seq *s)
+{
+	kvseq_release(e->pool, &s->kv);
+}
+
+int engine_seq_attach_prefix(struct engine *e, struct engine_seq *s, const uint32_t *tokens,
+			     uint32_t n)
+{
+	for (uint32_t i = 0; i < n; i++)
+		if (tokens[i] >= e->m->hp.vocab)
+			return -ERANGE;
+	return kvseq_attach_prefix(e->pool, &s->kv, tokens, n);
 }
 
 /* Check the batch before touching any state: a bad row fails the call, not the daemon. */
@@ -123,15 +144,15 @@ static int validate(const struct engine *e, const struct engine_row *rows, uint3
 		return -EINVAL;
 	for (uint32_t i = 0; i < n; i++) {
 		const struct engine_row *r = &rows[i];
-		if (!r->seq || !r->seq->k)
+		if (!r->seq)
 			return -EINVAL;
 		if (r->token >= e->m->hp.vocab)
 			return -ERANGE;
-		if (r->pos >= r->seq->n_ctx)
+		if (r->pos >= e->m->hp.ctx_len)
 			return -ERANGE;
 		int first = i == 0 || rows[i - 1].seq != r->seq;
 		if (first) {
-			if (r->pos > r->seq->n_pos)
+			if (r->pos > engine_seq_len(r->seq))
 				return -EINVAL;
 			/* A sequence's rows are one contiguous run. */
 			for (uint32_t j = 0; j + 1 < i; j++)
@@ -177,11 +198,16 @@ static int forward_layer(struct engine *e, uint32_t l, const struct engine_row *
 		uint32_t j = i;
 		while (j < n && rows[j].seq == s)
 			j++;
-		size_t elem = s->kv_type == KB_F32 ? sizeof(float) : sizeof(uint16_t);
-		size_t layer_off = (size_t)l * s->n_ctx * hp->kv_dim * elem;
-		struct kb_kv_view kv = { .k = (uint8_t *)s->k + layer_off,
-					 .v = (uint8_t *)s->v + layer_off,
-					 .n_ctx = s->n_ctx, .type = s->kv_type };
+		const struct kvpool_config *pc = kvpool_config(e->pool);
+		size_t row = kvpool_row_bytes(pc->kv_type, pc->kv_dim);
+		struct kb_kv_view kv = {
+			.base = kvpool_base(e->pool), .blocks = s->kv.blocks,
+			.n_blocks = s->kv.n_blocks, .block_tokens = pc->block_tokens,
+			.block_bytes = kvpool_block_bytes(e->pool),
+			.k_off = (size_t)l * 2 * pc->block_tokens * row,
+			.v_off = ((size_t)l * 2 + 1) * pc->block_tokens * row,
+			.row_bytes = row, .type = pc->kv_type,
+		};
 		/* K (after RoPE) and V go into the sequence's cache; Q is never cached. */
 		TRY(op->write_kv(be, &kv, e->pos + i, j - i, hp->kv_dim,
 				 e->k + (size_t)i * hp->kv_dim, e->v + (size_t)i * hp->kv_dim));
@@ -209,6 +235,14 @@ int engine_forward(struct engine *e, const struct engine_row *rows, uint32_t n, 
 	if (n == 0)
 		return 0;
 	TRY(validate(e, rows, n));
+	if (n > e->rows_cap)
+		TRY(arena_resize(e, n));
+	/* Blocks for every row first: running out fails the call before any compute. */
+	for (uint32_t i = 0, j; i < n; i = j) {
+		for (j = i + 1; j < n && rows[j].seq == rows[i].seq; j++)
+			;
+		TRY(kvseq_prepare(e->pool, &rows[i].seq->kv, rows[i].pos, rows[j - 1].pos + 1));
+	}
 	for (uint32_t i = 0; i < n; i++) {
 		e->pos[i] = rows[i].pos;
 		e->tok[i] = rows[i].token;
@@ -216,6 +250,12 @@ int engine_forward(struct engine *e, const struct engine_row *rows, uint32_t n, 
 	TRY(op->get_rows(e->be, e->x, &e->m->tok_embd, e->tok, n));
 	for (uint32_t l = 0; l < hp->n_layers; l++)
 		TRY(forward_layer(e, l, rows, n));
+	for (uint32_t i = 0, j; i < n; i = j) {
+		for (j = i + 1; j < n && rows[j].seq == rows[i].seq; j++)
+			;
+		TRY(kvseq_commit(e->pool, &rows[i].seq->kv, rows[i].pos, rows[j - 1].pos + 1,
+				 e->tok + i));
+	}
 
 	/* Only rows that want logits pay for the LM head (in prefill, just the last). */
 	uint32_t nw = 0;
@@ -227,12 +267,14 @@ int engine_forward(struct engine *e, const struct engine_row *rows, uint32_t n, 
 			       hp->dim * sizeof(float));
 		nw++;
 	}
-	for (uint32_t i = 0; i < n; i++) {
-		struct engine_seq *s = rows[i].seq;
-		s->n_pos = rows[i].pos + 1;
+	int rc = 0;
+	if (nw) {
+		rc = op->rmsnorm(e->be, e->xb, e->x, e->m->output_norm, nw, hp->dim, hp->norm_eps);
+		if (!rc)
+			rc = op->matmul(e->be, logits, &e->m->output, e->xb, nw);
 	}
-	if (nw == 0)
-		return 0;
-	TRY(op->rmsnorm(e->be, e->xb, e->x, e->m->output_norm, nw, hp->dim, hp->norm_eps));
-	return op->matmul(e->be, logits, &e->m->output, e->xb, nw);
+	/* Give a prefill's scratch back; failing to shrink just keeps the big arena. */
+	if (e->rows_cap > KEEP_ROWS && n <= KEEP_ROWS)
+		arena_resize(e, KEEP_ROWS);
+	return rc;
 }

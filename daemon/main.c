@@ -5,8 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include "daemon/engine.h"
 #include "daemon/gguf.h"
+#include "daemon/kvpool.h"
 #include "daemon/model.h"
 #include "daemon/sampler.h"
 #include "daemon/tokenizer.h"
@@ -24,6 +26,10 @@ struct options {
 	int info;
 	uint32_t threads;
 	uint32_t ctx;
+	uint64_t kv_mem;
+	uint32_t kv_blocks;
+	uint32_t kv_block_tokens;
+	uint32_t kv_type;
 	struct sampler_params sp;
 };
 
@@ -45,7 +51,11 @@ static void usage(FILE *f)
 		"      --repeat-penalty R  penalise the last 64 tokens (1: off)\n"
 		"      --seed S            sampler seed (default 0)\n"
 		"  -t, --threads N         compute threads (default: all cores)\n"
-		"      --ctx N             context length (default: the model's, at most 4096)\n"
+		"      --ctx N             context length (default: the model's)\n"
+		"      --kv-mem BYTES      KV-cache pool size (suffix K, M, G; default: 64k tokens)\n"
+		"      --kv-blocks N       KV-cache pool size in blocks (instead of --kv-mem)\n"
+		"      --kv-block-tokens N tokens per KV block, a power of two (default 16)\n"
+		"      --kv-type T         K/V element type: f16 (default), f32, q8_0\n"
 		"      --info              print the model's metadata and exit\n"
 		"  -h, --help\n");
 }
@@ -61,9 +71,31 @@ static int parse_num(const char *s, double lo, double hi, double *out)
 	return 0;
 }
 
+/* BYTES with an optional K, M or G (binary) suffix. */
+static int parse_size(const char *s, uint64_t *out)
+{
+	char *end;
+	errno = 0;
+	unsigned long long v = strtoull(s, &end, 10);
+	uint64_t mul = 1;
+	if (*end == 'K' || *end == 'k')
+		mul = 1ull << 10;
+	else if (*end == 'M' || *end == 'm')
+		mul = 1ull << 20;
+	else if (*end == 'G' || *end == 'g')
+		mul = 1ull << 30;
+	if (mul != 1)
+		end++;
+	if (errno || end == s || *end || v == 0 || v > UINT64_MAX / mul)
+		return -EINVAL;
+	*out = v * mul;
+	return 0;
+}
+
 static int parse_args(int argc, char **argv, struct options *o)
 {
-	enum { O_CHAT = 256, O_SYSTEM, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_REP, O_SEED, O_CTX, O_INFO };
+	enum { O_CHAT = 256, O_SYSTEM, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_REP, O_SEED, O_CTX, O_INFO,
+	       O_KVMEM, O_KVBLOCKS, O_KVBT, O_KVTYPE };
 	static const struct option longopts[] = {
 		{ "model", required_argument, NULL, 'm' },
 		{ "prompt", required_argument, NULL, 'p' },
@@ -79,12 +111,18 @@ static int parse_args(int argc, char **argv, struct options *o)
 		{ "seed", required_argument, NULL, O_SEED },
 		{ "ctx", required_argument, NULL, O_CTX },
 		{ "info", no_argument, NULL, O_INFO },
+		{ "kv-mem", required_argument, NULL, O_KVMEM },
+		{ "kv-blocks", required_argument, NULL, O_KVBLOCKS },
+		{ "kv-block-tokens", required_argument, NULL, O_KVBT },
+		{ "kv-type", required_argument, NULL, O_KVTYPE },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
 	const char *env = getenv("KVD_MODEL");
 	o->model = env && *env ? env : DEFAULT_MODEL;
 	o->n_predict = 128;
+	o->kv_block_tokens = 16;
+	o->kv_type = KB_F16;
 	sampler_params_default(&o->sp);
 	int c;
 	double v;
@@ -105,6 +143,24 @@ static int parse_args(int argc, char **argv, struct options *o)
 		case O_SEED: rc = parse_num(optarg, 0, 18446744073709551615.0, &v); o->sp.seed = (uint64_t)v; break;
 		case O_CTX: rc = parse_num(optarg, 1, 1 << 24, &v); o->ctx = (uint32_t)v; break;
 		case O_INFO: o->info = 1; break;
+		case O_KVMEM: rc = parse_size(optarg, &o->kv_mem); break;
+		case O_KVBLOCKS: rc = parse_num(optarg, 1, 1u << 30, &v); o->kv_blocks = (uint32_t)v; break;
+		case O_KVBT:
+			rc = parse_num(optarg, 1, 1024, &v);
+			o->kv_block_tokens = (uint32_t)v;
+			if (!rc && (o->kv_block_tokens & (o->kv_block_tokens - 1)))
+				rc = -EINVAL;
+			break;
+		case O_KVTYPE:
+			if (!strcmp(optarg, "f16"))
+				o->kv_type = KB_F16;
+			else if (!strcmp(optarg, "f32"))
+				o->kv_type = KB_F32;
+			else if (!strcmp(optarg, "q8_0"))
+				o->kv_type = KB_Q8_0;
+			else
+				rc = -EINVAL;
+			break;
 		case 'h': usage(stdout); exit(0);
 		default: return -EINVAL;
 		}
@@ -169,13 +225,15 @@ static void emit(const struct tokenizer *tok, struct tok_decoder *dec, uint32_t 
 	fflush(stdout);
 }
 
-static int generate(const struct options *o, struct model *m, struct backend *be)
+static int generate(const struct options *o, struct model *m, struct backend *be,
+		    struct kvpool *pool)
 {
 	char err[256];
 	struct tokenizer *tok = NULL;
 	struct engine *eng = NULL;
 	struct sampler *smp = NULL;
-	struct engine_seq seq = {0};
+	struct engine_seq seq;
+	int have_seq = 0;
 	struct engine_row *rows = NULL;
 	uint32_t *ids = NULL;
 	float *logits = NULL;
@@ -206,7 +264,7 @@ static int generate(const struct options *o, struct model *m, struct backend *be
 		tokenizer_chat_format(tok, msgs, n, 1, text, (size_t)need + 1);
 		input = text;
 	}
-	uint32_t ctx = o->ctx ? o->ctx : (m->hp.ctx_len < 4096 ? m->hp.ctx_len : 4096);
+	uint32_t ctx = o->ctx && o->ctx < m->hp.ctx_len ? o->ctx : m->hp.ctx_len;
 	int n_prompt = tokenizer_encode(tok, input, strlen(input), tokenizer_add_bos(tok), o->chat,
 					NULL, 0);
 	if (n_prompt <= 0) {
@@ -229,12 +287,13 @@ static int generate(const struct options *o, struct model *m, struct backend *be
 	}
 	tokenizer_encode(tok, input, strlen(input), tokenizer_add_bos(tok), o->chat, ids,
 			 (size_t)n_prompt);
-	if ((rc = engine_create(&eng, m, be, PREFILL_ROWS)) ||
-	    (rc = engine_seq_init(eng, &seq, ctx)) ||
+	if ((rc = engine_create(&eng, m, be, pool, PREFILL_ROWS)) ||
 	    (rc = sampler_create(&smp, &o->sp, m->hp.vocab))) {
 		fprintf(stderr, "kvd: cannot set up generation: %s\n", strerror(-rc));
 		goto out;
 	}
+	engine_seq_init(eng, &seq, (uint32_t)getuid());
+	have_seq = 1;
 
 	/* Prefill: the whole prompt, PREFILL_ROWS positions per pass; logits of the last only. */
 	double t0 = now_s();
@@ -282,8 +341,8 @@ out_fwd:
 	fprintf(stderr, "kvd: forward pass failed: %s\n", strerror(-rc));
 out:
 	sampler_destroy(smp);
-	if (seq.k)
-		engine_seq_release(&seq);
+	if (have_seq)
+		engine_seq_release(eng, &seq);
 	engine_destroy(eng);
 	tokenizer_destroy(tok);
 	free(rows);
@@ -291,6 +350,39 @@ out:
 	free(logits);
 	free(text);
 	return rc;
+}
+
+/* The KV pool, reserved once: --kv-blocks, else --kv-mem, else 64k tokens. */
+static int make_pool(const struct options *o, const struct model *m, struct kvpool **out)
+{
+	struct kvpool_config pc = {
+		.block_tokens = o->kv_block_tokens, .n_layers = m->hp.n_layers,
+		.kv_dim = m->hp.kv_dim, .kv_type = o->kv_type,
+	};
+	size_t tok = kvpool_token_bytes(pc.kv_type, pc.n_layers, pc.kv_dim);
+	size_t blk = tok * pc.block_tokens;
+	if (o->kv_blocks)
+		pc.n_blocks = o->kv_blocks;
+	else if (o->kv_mem)
+		pc.n_blocks = (uint32_t)(o->kv_mem / blk < UINT32_MAX ? o->kv_mem / blk : UINT32_MAX);
+	else
+		pc.n_blocks = (65536 + pc.block_tokens - 1) / pc.block_tokens;
+	if (pc.n_blocks == 0) {
+		fprintf(stderr, "kvd: --kv-mem is smaller than one block (%zu bytes)\n", blk);
+		return -EINVAL;
+	}
+	int rc = kvpool_create(out, &pc);
+	if (rc) {
+		fprintf(stderr, "kvd: cannot reserve the KV pool (%u blocks of %zu bytes): %s\n",
+			pc.n_blocks, blk, strerror(-rc));
+		return rc;
+	}
+	fprintf(stderr, "kvd: KV cache %s: %zu bytes per token (2 x %u layers x %u kv_dim x %s), pool %u blocks x %u tokens = %llu tokens, %.1f MiB\n",
+		o->kv_type == KB_F32 ? "f32" : o->kv_type == KB_Q8_0 ? "q8_0" : "f16", tok,
+		pc.n_layers, pc.kv_dim, o->kv_type == KB_F32 ? "4 B" : o->kv_type == KB_Q8_0 ? "34/32 B" : "2 B",
+		pc.n_blocks, pc.block_tokens, (unsigned long long)pc.n_blocks * pc.block_tokens,
+		(double)blk * pc.n_blocks / (1 << 20));
+	return 0;
 }
 
 int main(int argc, char **argv)
@@ -318,7 +410,14 @@ int main(int argc, char **argv)
 		model_free(m);
 		return 1;
 	}
-	rc = generate(&o, m, be);
+	struct kvpool *pool;
+	if ((rc = make_pool(&o, m, &pool))) {
+		be->ops->destroy(be);
+		model_free(m);
+		return 1;
+	}
+	rc = generate(&o, m, be, pool);
+	kvpool_destroy(pool);
 	be->ops->destroy(be);
 	model_free(m);
 	return rc ? 1 : 0;

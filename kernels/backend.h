@@ -21,15 +21,31 @@ struct kb_weight {
 };
 
 /*
- * One sequence's K/V cache for one layer, as the attention kernel reads it:
- * position p of KV head h lives at element (p * n_kv_heads + h) * head_dim.
+ * One sequence's K/V cache for one layer, paged: position p lives in block
+ * blocks[p / block_tokens] at slot p % block_tokens; inside a block this
+ * layer's K rows start at k_off and its V rows at v_off, row_bytes apart.
+ * Each row holds n_kv_heads * head_dim elements of type; head h's elements
+ * start at element h * head_dim. A contiguous cache is one block.
  */
 struct kb_kv_view {
-	void *k;		/* (n_ctx, n_kv_heads, head_dim) of type, RoPE applied */
-	void *v;		/* (n_ctx, n_kv_heads, head_dim) of type */
-	uint32_t n_ctx;
-	uint32_t type;		/* KB_F16 (0 also means f16) or KB_F32 */
+	uint8_t *base;		/* the pool: (n_blocks_in_pool, block_bytes) */
+	const uint32_t *blocks;	/* (n_blocks,) this sequence's block table */
+	uint32_t n_blocks;
+	uint32_t block_tokens;	/* power of two */
+	size_t block_bytes;
+	size_t k_off;		/* byte offset of this layer's K rows in a block */
+	size_t v_off;		/* byte offset of this layer's V rows in a block */
+	size_t row_bytes;
+	uint32_t type;		/* KB_F16, KB_F32 or KB_Q8_0 */
 };
+
+/* Address of the K (which 0) or V (which 1) row of position p; p < n_blocks * block_tokens. */
+static inline uint8_t *kb_kv_row(const struct kb_kv_view *kv, int which, uint32_t p)
+{
+	uint32_t shift = (uint32_t)__builtin_ctz(kv->block_tokens);
+	return kv->base + (size_t)kv->blocks[p >> shift] * kv->block_bytes +
+	       (which ? kv->v_off : kv->k_off) + (size_t)(p & (kv->block_tokens - 1)) * kv->row_bytes;
+}
 
 struct kb_attn_shape {
 	uint32_t n_heads;	/* query heads */

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 #include "daemon/engine.h"
+#include "daemon/kvpool.h"
 #include "daemon/model.h"
 #include "kernels/backend.h"
 
@@ -53,13 +54,18 @@ int main(void)
 	struct model *m;
 	struct backend *be;
 	struct engine *e;
+	struct kvpool *pool;
 	if (!path || !*path)
 		path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 	if (model_load(&m, path, err, sizeof(err))) {
 		fprintf(stderr, "bench_engine: %s: %s (run `make model`)\n", path, err);
 		return 1;
 	}
-	if (backend_cpu_create(&be, THREADS) || engine_create(&e, m, be, PROMPT)) {
+	struct kvpool_config pc = { .n_blocks = 2 * (PROMPT + DECODE) / 16, .block_tokens = 16,
+				    .n_layers = m->hp.n_layers, .kv_dim = m->hp.kv_dim,
+				    .kv_type = KB_F16 };
+	if (backend_cpu_create(&be, THREADS) || kvpool_create(&pool, &pc) ||
+	    engine_create(&e, m, be, pool, PROMPT)) {
 		fprintf(stderr, "bench_engine: setup failed\n");
 		return 1;
 	}
@@ -71,10 +77,7 @@ int main(void)
 	uint32_t x = 12345;
 	for (int run = -1; run < RUNS; run++) {	/* run -1 warms caches and the pool */
 		struct engine_seq s;
-		if (engine_seq_init(e, &s, PROMPT + DECODE)) {
-			fprintf(stderr, "bench_engine: out of memory\n");
-			return 1;
-		}
+		engine_seq_init(e, &s, 0);
 		for (uint32_t i = 0; i < PROMPT; i++) {
 			x = x * 1103515245u + 12345u;
 			rows[i] = (struct engine_row){ &s, i, (x >> 8) % vocab, i == PROMPT - 1 };
@@ -92,10 +95,9 @@ int main(void)
 				return 1;
 		}
 		double t2 = now_s();
-		engine_seq_release(&s);
+		engine_seq_release(e, &s);
 		/* tg128: from an empty cache, every token through the decode path. */
-		if (engine_seq_init(e, &s, DECODE + 1))
-			return 1;
+		engine_seq_init(e, &s, 0);
 		tok = rows[0].token;
 		double t3 = now_s();
 		for (uint32_t i = 0; i < DECODE; i++) {
@@ -107,7 +109,7 @@ int main(void)
 				tok = logits[v] > logits[tok] ? v : tok;
 		}
 		double t4 = now_s();
-		engine_seq_release(&s);
+		engine_seq_release(e, &s);
 		if (run >= 0) {
 			pre[run] = PROMPT / (t1 - t0);
 			dec[run] = DECODE / (t2 - t1);
@@ -123,6 +125,7 @@ int main(void)
 	free(rows);
 	free(logits);
 	engine_destroy(e);
+	kvpool_destroy(pool);
 	be->ops->destroy(be);
 	model_free(m);
 	return 0;

@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include "daemon/engine.h"
+#include "daemon/kvpool.h"
 #include "daemon/model.h"
 #include "kernels/backend.h"
 
@@ -40,6 +41,7 @@ static int n_golden;
 static struct model *M;
 static struct backend *B;
 static struct engine *E;
+static struct kvpool *P;
 
 static const char *model_path(void)
 {
@@ -109,7 +111,11 @@ static int setup(void **state)
 		fprintf(stderr, "cannot load %s: %s (run `make model`)\n", model_path(), err);
 		return -1;
 	}
-	if (backend_cpu_create(&B, 0) || engine_create(&E, M, B, 512))
+	struct kvpool_config pc = { .n_blocks = 1024 / 16 * 2, .block_tokens = 16,
+				    .n_layers = M->hp.n_layers, .kv_dim = M->hp.kv_dim,
+				    .kv_type = KB_F16 };
+	if (backend_cpu_create(&B, 0) || kvpool_create(&P, &pc) ||
+	    engine_create(&E, M, B, P, 512))
 		return -1;
 	return 0;
 }
@@ -118,6 +124,7 @@ static int teardown(void **state)
 {
 	(void)state;
 	engine_destroy(E);
+	kvpool_destroy(P);
 	if (B)
 		B->ops->destroy(B);
 	model_free(M);
@@ -159,9 +166,9 @@ static void test_final_logits(void **state)
 	for (int p = 0; p < n_golden; p++) {
 		struct golden *g = &G[p];
 		struct engine_seq s;
-		assert_int_equal(engine_seq_init(E, &s, 1024), 0);
+		engine_seq_init(E, &s, 0);
 		assert_int_equal(prefill(&s, g->ids, g->n, logits), 0);
-		assert_int_equal(s.n_pos, g->n);
+		assert_int_equal(engine_seq_len(&s), g->n);
 		float maxref = 0, maxd = 0;
 		for (int i = 0; i < NTOP; i++) {
 			maxref = fmaxf(maxref, fabsf(g->top_logit[i]));
@@ -174,7 +181,7 @@ static void test_final_logits(void **state)
 		assert_true(maxd <= 5e-2f * maxref);
 		if (gap > NEAR_TIE)
 			assert_int_equal(am, g->top_id[0]);
-		engine_seq_release(&s);
+		engine_seq_release(E, &s);
 	}
 	free(logits);
 }
@@ -188,7 +195,7 @@ static void test_greedy(void **state)
 	for (int p = 0; p < n_golden; p++) {
 		struct golden *g = &G[p];
 		struct engine_seq s;
-		assert_int_equal(engine_seq_init(E, &s, 1024), 0);
+		engine_seq_init(E, &s, 0);
 		assert_int_equal(prefill(&s, g->ids, g->n, logits), 0);
 		int first_diff = -1;
 		for (int t = 0; t < NGEN; t++) {
@@ -197,7 +204,7 @@ static void test_greedy(void **state)
 				first_diff = t;
 				break;
 			}
-			struct engine_row r = { &s, s.n_pos, tok, 1 };
+			struct engine_row r = { &s, engine_seq_len(&s), tok, 1 };
 			assert_int_equal(engine_forward(E, &r, 1, logits), 0);
 		}
 		if (first_diff < 0) {
@@ -208,7 +215,7 @@ static void test_greedy(void **state)
 			       first_diff, gap);
 			far += gap > NEAR_TIE;
 		}
-		engine_seq_release(&s);
+		engine_seq_release(E, &s);
 	}
 	printf("greedy continuations identical: %d of %d\n", same, n_golden);
 	assert_true(same >= MIN_SAME_GREEDY);
@@ -230,7 +237,7 @@ static void test_teacher_forced(void **state)
 	for (int p = 0; p < n_golden; p++) {
 		struct golden *g = &G[p];
 		struct engine_seq s;
-		assert_int_equal(engine_seq_init(E, &s, 1024), 0);
+		engine_seq_init(E, &s, 0);
 		assert_int_equal(prefill(&s, g->ids, g->n, logits), 0);
 		for (int t = 0; t < NGEN; t++) {
 			uint32_t tok = argmax(logits, vocab);
@@ -244,10 +251,10 @@ static void test_teacher_forced(void **state)
 				       p, t, tok, g->greedy[t], gap);
 				assert_true(gap <= NEAR_TIE);
 			}
-			struct engine_row r = { &s, s.n_pos, g->greedy[t], 1 };
+			struct engine_row r = { &s, engine_seq_len(&s), g->greedy[t], 1 };
 			assert_int_equal(engine_forward(E, &r, 1, logits), 0);
 		}
-		engine_seq_release(&s);
+		engine_seq_release(E, &s);
 	}
 	printf("teacher-forced argmax agreement: %d of %d steps (largest ref gap at a miss %.4f)\n",
 	       agree, total, worst_gap);

@@ -1,5 +1,6 @@
 /* backend_cpu.c — the CPU backend: the vtable, the threaded matmul driver and row-parallel ops. */
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -267,28 +268,58 @@ static int cpu_get_rows(struct backend *b, float *out, const struct kb_weight *w
 	return 0;
 }
 
+/* Quantize one row to q8_0 blocks (f16 scale, 32 int8): x[i] ~ d * q[i]. */
+static void row_to_q8_0(uint8_t *dst, const float *x, uint32_t n)
+{
+	for (uint32_t b = 0; b < n / QK; b++) {
+		struct blk_q8_0 *y = (struct blk_q8_0 *)dst + b;
+		const float *xb = x + b * QK;
+		float amax = 0.0f;
+		for (int i = 0; i < QK; i++)
+			amax = fabsf(xb[i]) > amax ? fabsf(xb[i]) : amax;
+		float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+		y->d = f32_to_fp16(d);
+		for (int i = 0; i < QK; i++)
+			y->qs[i] = (int8_t)nearbyintf(xb[i] * id);
+	}
+}
+
+static void store_row(uint8_t *dst, uint32_t type, const float *x, uint32_t n)
+{
+	if (type == KB_F32) {
+		memcpy(dst, x, n * sizeof(float));
+	} else if (type == KB_Q8_0) {
+		row_to_q8_0(dst, x, n);
+	} else {
+		uint16_t *h = (uint16_t *)dst;
+		for (uint32_t i = 0; i < n; i++)
+			h[i] = f32_to_fp16(x[i]);
+	}
+}
+
+static int kv_view_ok(const struct kb_kv_view *kv, uint32_t kv_dim)
+{
+	if (kv->type != KB_F32 && kv->type != KB_F16 && kv->type != KB_Q8_0)
+		return -ENOTSUP;
+	if (kv->block_tokens == 0 || (kv->block_tokens & (kv->block_tokens - 1)))
+		return -EINVAL;
+	if (kv->type == KB_Q8_0 && kv_dim % QK)
+		return -EINVAL;
+	return 0;
+}
+
 static int cpu_write_kv(struct backend *b, const struct kb_kv_view *kv, const uint32_t *pos,
 			uint32_t n, uint32_t kv_dim, const float *k, const float *v)
 {
 	(void)b;
-	int f32 = kv->type == KB_F32;
-	if (!f32 && kv->type != KB_F16 && kv->type != 0)
-		return -ENOTSUP;
+	int rc = kv_view_ok(kv, kv_dim);
+	if (rc)
+		return rc;
 	for (uint32_t r = 0; r < n; r++) {
-		if (pos[r] >= kv->n_ctx)
+		if (pos[r] >= kv->n_blocks * kv->block_tokens)
 			return -ERANGE;
-		size_t off = (size_t)pos[r] * kv_dim;
-		const float *ks = k + (size_t)r * kv_dim, *vs = v + (size_t)r * kv_dim;
-		if (f32) {
-			memcpy((float *)kv->k + off, ks, kv_dim * sizeof(float));
-			memcpy((float *)kv->v + off, vs, kv_dim * sizeof(float));
-			continue;
-		}
-		uint16_t *kd = (uint16_t *)kv->k + off, *vd = (uint16_t *)kv->v + off;
-		for (uint32_t i = 0; i < kv_dim; i++) {
-			kd[i] = f32_to_fp16(ks[i]);
-			vd[i] = f32_to_fp16(vs[i]);
-		}
+		store_row(kb_kv_row(kv, 0, pos[r]), kv->type, k + (size_t)r * kv_dim, kv_dim);
+		store_row(kb_kv_row(kv, 1, pos[r]), kv->type, v + (size_t)r * kv_dim, kv_dim);
 	}
 	return 0;
 }
@@ -308,13 +339,16 @@ static int cpu_attention(struct backend *b, float *out, const float *q,
 			 const struct kb_kv_view *kv, const uint32_t *pos, uint32_t n,
 			 const struct kb_attn_shape *shape)
 {
-	if (kv->type != KB_F32 && kv->type != KB_F16 && kv->type != 0)
-		return -ENOTSUP;
 	if (shape->n_kv_heads == 0 || shape->n_heads % shape->n_kv_heads ||
 	    shape->n_heads / shape->n_kv_heads > 16 || shape->head_dim > 256)
 		return -EINVAL;
+	int rc = kv_view_ok(kv, shape->n_kv_heads * shape->head_dim);
+	if (rc)
+		return rc;
+	if (kv->type == KB_Q8_0 && shape->head_dim % QK)
+		return -EINVAL;
 	for (uint32_t r = 0; r < n; r++)
-		if (pos[r] >= kv->n_ctx)
+		if (pos[r] >= kv->n_blocks * kv->block_tokens)
 			return -ERANGE;
 	struct row_job j = { .out = out, .x = q, .kv = kv, .pos = pos, .shape = shape };
 	threadpool_run(CPU(b)->tp, attention_task, &j, n * shape->n_kv_heads);
@@ -327,6 +361,7 @@ static void cpu_destroy(struct backend *b)
 	if (!cb)
 		return;
 	threadpool_destroy(cb->tp);
+	ops_thread_scratch_free();
 	free(cb->xq);
 	free(cb->rope_cs);
 	free(cb);

@@ -1,5 +1,6 @@
 /* ops.c — f32 row kernels; 8 independent lanes and a fixed tree wherever a row is reduced. */
 #include <errno.h>
+#include <pthread.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,6 +69,12 @@ void ops_rope_table(float *cs, uint32_t pos, uint32_t rot_dim, float theta)
 	}
 }
 
+/*
+ * Each rotation fuses its first product, fma(x0, c, -(x1 * s)) and
+ * fma(x0, s, x1 * c): that is how llama.cpp's compiled kernel rounds, and
+ * spelling it out keeps every build identical (GCC would otherwise fuse the
+ * pairs into vfmaddsub in vectorised clones only, -ffp-contract=off or not).
+ */
 CLONES void ops_rope_row(float *x, const float *cs, uint32_t n_heads, uint32_t head_dim,
 			 uint32_t rot_dim, int neox)
 {
@@ -78,8 +85,8 @@ CLONES void ops_rope_row(float *x, const float *cs, uint32_t n_heads, uint32_t h
 			uint32_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
 			float c = cs[2 * i], s = cs[2 * i + 1];
 			float x0 = v[a], x1 = v[b];
-			v[a] = x0 * c - x1 * s;
-			v[b] = x0 * s + x1 * c;
+			v[a] = fmaf(x0, c, -(x1 * s));
+			v[b] = fmaf(x0, s, x1 * c);
 		}
 	}
 }
@@ -87,32 +94,78 @@ CLONES void ops_rope_row(float *x, const float *cs, uint32_t n_heads, uint32_t h
 #define ATT_MAX_GROUP 16
 #define ATT_MAX_HD 256
 
-/* Per-thread score buffer, grown to the longest context seen; the pool's threads live on. */
-static __thread float *att_buf;
-static __thread size_t att_cap;
+/*
+ * Per-thread score buffer, grown to the longest context seen. A pthread
+ * key frees it when a pool worker exits; ops_thread_scratch_free() frees
+ * the calling thread's.
+ */
+static pthread_key_t att_key;
+static pthread_once_t att_once = PTHREAD_ONCE_INIT;
+
+struct att_scratch {
+	float *buf;
+	size_t cap;
+};
+
+static void att_free(void *p)
+{
+	struct att_scratch *a = p;
+	if (a) {
+		free(a->buf);
+		free(a);
+	}
+}
+
+static void att_key_init(void)
+{
+	pthread_key_create(&att_key, att_free);
+}
 
 float *ops_att_scores(size_t n)
 {
-	if (n > att_cap) {
-		float *p = realloc(att_buf, n * sizeof(float));
+	pthread_once(&att_once, att_key_init);
+	struct att_scratch *a = pthread_getspecific(att_key);
+	if (!a) {
+		a = calloc(1, sizeof(*a));
+		if (!a || pthread_setspecific(att_key, a)) {
+			free(a);
+			return NULL;
+		}
+	}
+	if (n > a->cap) {
+		float *p = realloc(a->buf, n * sizeof(float));
 		if (!p)
 			return NULL;
-		att_buf = p;
-		att_cap = n;
+		a->buf = p;
+		a->cap = n;
 	}
-	return att_buf;
+	return a->buf;
 }
 
-/* Row at element offset off of a cache of type as f32. */
-static inline void kv_row(float *out, const void *base, int f32, size_t off, uint32_t n)
+void ops_thread_scratch_free(void)
 {
-	if (f32) {
-		memcpy(out, (const float *)base + off, n * sizeof(float));
-		return;
+	pthread_once(&att_once, att_key_init);
+	att_free(pthread_getspecific(att_key));
+	pthread_setspecific(att_key, NULL);
+}
+
+void ops_kv_head(float *out, const struct kb_kv_view *kv, int which, uint32_t p,
+		 uint32_t first, uint32_t n)
+{
+	const uint8_t *row = kb_kv_row(kv, which, p);
+	if (kv->type == KB_F32) {
+		memcpy(out, (const float *)row + first, n * sizeof(float));
+	} else if (kv->type == KB_Q8_0) {
+		const struct blk_q8_0 *b = (const struct blk_q8_0 *)row + first / QK;
+		for (uint32_t i = 0; i < n; i++) {
+			const struct blk_q8_0 *bb = b + i / QK;
+			out[i] = fp16_to_f32(bb->d) * (float)bb->qs[i % QK];
+		}
+	} else {
+		const uint16_t *in = (const uint16_t *)row + first;
+		for (uint32_t i = 0; i < n; i++)
+			out[i] = fp16_to_f32(in[i]);
 	}
-	const uint16_t *in = (const uint16_t *)base + off;
-	for (uint32_t i = 0; i < n; i++)
-		out[i] = fp16_to_f32(in[i]);
 }
 
 static int attention_group_c(float *out, const float *q, const struct kb_kv_view *kv,
@@ -120,7 +173,6 @@ static int attention_group_c(float *out, const float *q, const struct kb_kv_view
 {
 	const uint32_t hd = sh->head_dim, group = sh->n_heads / sh->n_kv_heads;
 	const uint32_t np = pos + 1;
-	const size_t stride = (size_t)sh->n_kv_heads * hd;
 	const int f32 = kv->type == KB_F32;
 	float qh[ATT_MAX_GROUP][ATT_MAX_HD];
 	float row[ATT_MAX_HD];
@@ -132,7 +184,7 @@ static int attention_group_c(float *out, const float *q, const struct kb_kv_view
 			qh[g][i] = f32 ? q[g * hd + i] : fp16_round(q[g * hd + i]);
 	/* One read of each K row serves the whole query-head group. */
 	for (uint32_t p = 0; p < np; p++) {
-		kv_row(row, kv->k, f32, p * stride + (size_t)kvh * hd, hd);
+		ops_kv_head(row, kv, 0, p, kvh * hd, hd);
 		for (uint32_t g = 0; g < group; g++)
 			s[g * np + p] = dot_lanes(qh[g], row, hd) * sh->scale;
 	}
@@ -154,7 +206,7 @@ static int attention_group_c(float *out, const float *q, const struct kb_kv_view
 		float *o = out + g * hd;
 		memset(o, 0, hd * sizeof(float));
 		for (uint32_t p = 0; p < np; p++) {
-			kv_row(row, kv->v, f32, p * stride + (size_t)kvh * hd, hd);
+			ops_kv_head(row, kv, 1, p, kvh * hd, hd);
 			float w = s[g * np + p];
 			for (uint32_t i = 0; i < hd; i++)
 				o[i] = fmaf(w, row[i], o[i]);
@@ -173,7 +225,7 @@ int ops_attention_group(float *out, const float *q, const struct kb_kv_view *kv,
 			uint32_t pos, uint32_t kvh, const struct kb_attn_shape *sh)
 {
 #if defined(__x86_64__)
-	if (sh->head_dim % 8 == 0 && ops_attention_have_avx2())
+	if (kv->type != KB_Q8_0 && sh->head_dim % 8 == 0 && ops_attention_have_avx2())
 		return ops_attention_group_avx2(out, q, kv, pos, kvh, sh);
 #endif
 	return attention_group_c(out, q, kv, pos, kvh, sh);

@@ -36,12 +36,12 @@ static inline float hsum256(__m256 v)
 	return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
 }
 
-/* Eight cache elements at element offset off, as f32. */
-static inline __m256 load8(const void *base, int f32, size_t off)
+/* Eight elements at element index off of a row, as f32 (f32 or f16 rows). */
+static inline __m256 load8(const uint8_t *row, int f32, size_t off)
 {
 	if (f32)
-		return _mm256_loadu_ps((const float *)base + off);
-	return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + off)));
+		return _mm256_loadu_ps((const float *)row + off);
+	return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + off)));
 }
 
 /* head_dim % 8 == 0: lane j of the accumulator sums elements j, j+8, ... like dot_lanes(). */
@@ -50,7 +50,6 @@ int ops_attention_group_avx2(float *out, const float *q, const struct kb_kv_view
 {
 	const uint32_t hd = sh->head_dim, group = sh->n_heads / sh->n_kv_heads;
 	const uint32_t np = pos + 1;
-	const size_t stride = (size_t)sh->n_kv_heads * hd;
 	const int f32 = kv->type == KB_F32;
 	float qh[ATT_MAX_GROUP][ATT_MAX_HD] __attribute__((aligned(32)));
 	float *s = ops_att_scores((size_t)group * np);	/* (group, np) */
@@ -64,12 +63,13 @@ int ops_attention_group_avx2(float *out, const float *q, const struct kb_kv_view
 			_mm256_store_ps(&qh[g][i], x);
 		}
 	for (uint32_t p = 0; p < np; p++) {
-		size_t off = p * stride + (size_t)kvh * hd;
+		const uint8_t *k = kb_kv_row(kv, 0, p);
+		size_t off = (size_t)kvh * hd;
 		for (uint32_t g = 0; g < group; g++) {
 			__m256 acc = _mm256_setzero_ps();
 			for (uint32_t i = 0; i < hd; i += 8)
 				acc = _mm256_fmadd_ps(_mm256_load_ps(&qh[g][i]),
-						      load8(kv->k, f32, off + i), acc);
+						      load8(k, f32, off + i), acc);
 			s[g * np + p] = hsum256(acc) * sh->scale;
 		}
 	}
@@ -93,10 +93,11 @@ int ops_attention_group_avx2(float *out, const float *q, const struct kb_kv_view
 			acc[i] = _mm256_setzero_ps();
 		const float *sg = s + g * np;
 		for (uint32_t p = 0; p < np; p++) {
-			size_t off = p * stride + (size_t)kvh * hd;
+			const uint8_t *v = kb_kv_row(kv, 1, p);
+			size_t off = (size_t)kvh * hd;
 			__m256 w = _mm256_set1_ps(sg[p]);
 			for (uint32_t i = 0; i < hd / 8; i++)
-				acc[i] = _mm256_fmadd_ps(w, load8(kv->v, f32, off + 8 * i), acc[i]);
+				acc[i] = _mm256_fmadd_ps(w, load8(v, f32, off + 8 * i), acc[i]);
 		}
 		for (uint32_t i = 0; i < hd / 8; i++)
 			_mm256_storeu_ps(out + g * hd + 8 * i, acc[i]);

@@ -2,12 +2,20 @@
 #include <errno.h>
 #include <linux/futex.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #include "kernels/cpu/threadpool.h"
 
-#define SPIN_ITERS 200000	/* ~ 50-100 us of pause before a worker sleeps */
+/*
+ * A worker spins this many pauses (tens of microseconds; a pause costs
+ * 10-140 cycles depending on the core) before it sleeps; the caller yields
+ * its core every CALLER_YIELD pauses while waiting, so an oversubscribed
+ * machine still makes progress.
+ */
+#define SPIN_ITERS 2000
+#define CALLER_YIELD 256
 
 struct threadpool {
 	uint32_t n_threads;
@@ -135,6 +143,9 @@ void threadpool_run(struct threadpool *tp, tp_task_fn fn, void *ctx, uint32_t n_
 	publish(tp);
 	run_tasks(tp);
 	/* Acquire pairs with each worker's release decrement: their writes are visible after. */
-	while (__atomic_load_n(&tp->busy, __ATOMIC_ACQUIRE) != 0)
+	for (uint32_t spins = 1; __atomic_load_n(&tp->busy, __ATOMIC_ACQUIRE) != 0; spins++) {
 		cpu_relax();
+		if (spins % CALLER_YIELD == 0)
+			sched_yield();
+	}
 }

@@ -1,0 +1,1173 @@
+/* test_kernels.c — CPU kernels against double-precision references: f16, block formats, dots, matmul, row ops, attention, pool. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kernels/backend.h"
+#include "kernels/cpu/dot.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/quant.h"
+#include "kernels/cpu/threadpool.h"
+
+/* ---- helpers ---- */
+
+static uint64_t rng_s;
+
+static void rng_seed(uint64_t seed)
+{
+	rng_s = seed;
+}
+
+/* splitmix64: fixed seeds make every failure reproducible. */
+static uint64_t rng_next(void)
+{
+	uint64_t z = (rng_s += 0x9e3779b97f4a7c15ull);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+static double rng_unit(void)
+{
+	return (double)(rng_next() >> 11) * 0x1p-53;
+}
+
+/* Uniform in [lo, hi), never exactly zero. */
+static float rng_f(float lo, float hi)
+{
+	float f;
+	do
+		f = lo + (hi - lo) * (float)rng_unit();
+	while (f == 0.0f);
+	return f;
+}
+
+/* Magnitude uniform in [lo, hi), random sign. */
+static float rng_mag(float lo, float hi)
+{
+	float f = rng_f(lo, hi);
+	return rng_next() & 1 ? -f : f;
+}
+
+static uint32_t rng_below(uint32_t n)
+{
+	return (uint32_t)(rng_next() % n);
+}
+
+static uint32_t fbits(float f)
+{
+	uint32_t u;
+	memcpy(&u, &f, 4);
+	return u;
+}
+
+static float bits_f(uint32_t u)
+{
+	float f;
+	memcpy(&f, &u, 4);
+	return f;
+}
+
+/* A half decoded from its definition: (-1)^s 2^(e-15) 1.m, subnormal 2^-14 0.m. */
+static double half_ref(uint16_t h)
+{
+	int e = (h >> 10) & 31, m = h & 1023;
+	double v;
+	if (e == 31)
+		v = m ? NAN : INFINITY;
+	else if (e == 0)
+		v = ldexp(m, -24);
+	else
+		v = ldexp(1024 + m, e - 25);
+	return h >> 15 ? -v : v;
+}
+
+/* A bfloat16 decoded from its definition: 8 exponent bits, 7 mantissa bits. */
+static double bf16_ref(uint16_t h)
+{
+	int e = (h >> 7) & 255, m = h & 127;
+	double v = e ? ldexp(128 + m, e - 134) : ldexp(m, -133);
+	return h >> 15 ? -v : v;
+}
+
+static size_t row_bytes_of(uint32_t type, uint32_t cols)
+{
+	uint32_t be, bb;
+	assert_int_equal(kb_type_block(type, &be, &bb), 0);
+	return (size_t)(cols / be) * bb;
+}
+
+static const uint32_t qtypes[] = { KB_Q4_0, KB_Q4_1, KB_Q8_0, KB_Q4_K, KB_Q6_K };
+#define N_QTYPES (sizeof(qtypes) / sizeof(qtypes[0]))
+
+static const char *type_name(uint32_t t)
+{
+	switch (t) {
+	case KB_F32: return "F32";
+	case KB_F16: return "F16";
+	case KB_BF16: return "BF16";
+	case KB_Q4_0: return "Q4_0";
+	case KB_Q4_1: return "Q4_1";
+	case KB_Q8_0: return "Q8_0";
+	case KB_Q4_K: return "Q4_K";
+	case KB_Q6_K: return "Q6_K";
+	default: return "?";
+	}
+}
+
+/* ---- 1. fp16 ---- */
+
+static void test_fp16_decode_all(void **state)
+{
+	(void)state;
+	for (uint32_t h = 0; h < 65536; h++) {
+		double want = half_ref((uint16_t)h);
+		float got = fp16_to_f32((uint16_t)h);
+		if (isnan(want)) {
+			if (!isnan(got) || !signbit(got) != !(h >> 15))
+				fail_msg("half 0x%04x: got %a, want a NaN of that sign", h, (double)got);
+		} else if (fbits(got) != fbits((float)want)) {
+			fail_msg("half 0x%04x: got %a want %a", h, (double)got, want);
+		}
+	}
+}
+
+static void test_fp16_encode(void **state)
+{
+	(void)state;
+	static const struct { float f; uint16_t h; } cases[] = {
+		{ 0.0f, 0x0000 }, { -0.0f, 0x8000 }, { 1.0f, 0x3c00 }, { -2.0f, 0xc000 },
+		{ 0x1.002p0f, 0x3c00 },		/* tie between 1 and 1+2^-10: even (down) */
+		{ 0x1.006p0f, 0x3c02 },		/* tie between 1+2^-10 and 1+2^-9: even (up) */
+		{ 0x1.002002p0f, 0x3c01 },	/* just above the tie */
+		{ 0x1.001ffep0f, 0x3c00 },	/* just below the tie */
+		{ 2046.5f, 0x67fe }, { 2047.5f, 0x6800 },	/* ties; the second carries into the exponent */
+		{ 65504.0f, 0x7bff }, { 65519.0f, 0x7bff },
+		{ 65520.0f, 0x7c00 },		/* tie between 65504 and 2^16: even, which overflows */
+		{ 1e6f, 0x7c00 }, { -1e6f, 0xfc00 }, { FLT_MAX, 0x7c00 },
+		{ INFINITY, 0x7c00 }, { -INFINITY, 0xfc00 },
+		{ 0x1p-14f, 0x0400 },		/* smallest normal */
+		{ 0x1p-15f, 0x0200 }, { 0x1p-24f, 0x0001 }, { -0x1p-24f, 0x8001 },
+		{ 0x3ffp-24f, 0x03ff },		/* largest subnormal */
+		{ 0x7ffp-25f, 0x0400 },		/* tie between it and the smallest normal: even */
+		{ 0x1p-25f, 0x0000 },		/* tie between 0 and 2^-24: even */
+		{ 0x1.000002p-25f, 0x0001 }, { 0x3p-25f, 0x0002 }, { 0x5p-25f, 0x0002 },
+		{ 0x1p-26f, 0x0000 }, { -0x1p-26f, 0x8000 }, { 1e-30f, 0x0000 },
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		uint16_t got = f32_to_fp16(cases[i].f);
+		if (got != cases[i].h)
+			fail_msg("f32_to_fp16(%a) = 0x%04x, want 0x%04x", (double)cases[i].f, got,
+				 cases[i].h);
+	}
+	static const uint32_t nans[] = { 0x7fc00000u, 0x7f800001u, 0xffc00000u, 0x7fbfffffu,
+					 0xff800001u, 0x7fffe000u };
+	for (size_t i = 0; i < sizeof(nans) / sizeof(nans[0]); i++) {
+		uint16_t h = f32_to_fp16(bits_f(nans[i]));
+		if ((h & 0x7c00) != 0x7c00 || !(h & 0x3ff) || (h >> 15) != (nans[i] >> 31))
+			fail_msg("NaN 0x%08x became 0x%04x", nans[i], h);
+	}
+	/* Every finite half (and both infinities) survives the round trip. */
+	for (uint32_t h = 0; h < 65536; h++) {
+		if ((h & 0x7c00) == 0x7c00 && (h & 0x3ff))
+			continue;
+		uint16_t back = f32_to_fp16(fp16_to_f32((uint16_t)h));
+		if (back != h)
+			fail_msg("half 0x%04x round-trips to 0x%04x", h, back);
+	}
+	/* Random floats in range: the result is a nearest half, the even one on a tie. */
+	rng_seed(11);
+	for (int n = 0; n < 1000000; n++) {
+		float f = bits_f((uint32_t)rng_next());
+		if (!(fabsf(f) < 65520.0f))
+			continue;
+		uint16_t h = f32_to_fp16(f);
+		uint16_t hm = h & 0x7fff;
+		double d = fabs(fabs((double)f) - half_ref(hm));
+		if (f != 0.0f && (h >> 15) != (fbits(f) >> 31))
+			fail_msg("f32_to_fp16(%a) = 0x%04x: wrong sign", (double)f, h);
+		for (int side = -1; side <= 1; side += 2) {
+			if ((side < 0 && hm == 0) || (side > 0 && hm == 0x7bff))
+				continue;
+			double dn = fabs(fabs((double)f) - half_ref((uint16_t)(hm + side)));
+			if (dn < d || (dn == d && (hm & 1)))
+				fail_msg("f32_to_fp16(%a) = 0x%04x, but 0x%04x is nearer or even",
+					 (double)f, h, (hm + side) | (h & 0x8000));
+		}
+	}
+}
+
+/* ---- 2. dequantization of hand-made blocks ---- */
+
+static void pack_q4_0(struct blk_q4_0 *b, uint16_t d, const uint8_t nib[QK])
+{
+	b->d = d;
+	for (int i = 0; i < QK / 2; i++)
+		b->qs[i] = (uint8_t)(nib[i] | nib[i + QK / 2] << 4);
+}
+
+static void pack_q4_1(struct blk_q4_1 *b, uint16_t d, uint16_t m, const uint8_t nib[QK])
+{
+	b->d = d;
+	b->m = m;
+	for (int i = 0; i < QK / 2; i++)
+		b->qs[i] = (uint8_t)(nib[i] | nib[i + QK / 2] << 4);
+}
+
+/*
+ * Q4_K scales[12]: bytes 0-3 hold the 6-bit scales of sub-blocks 0-3 and the
+ * top 2 bits of scales 4-7; bytes 4-7 the mins 0-3 and the top bits of mins
+ * 4-7; bytes 8-11 the low nibbles of scale (low) and min (high) 4-7.
+ */
+static void pack_q4_k(struct blk_q4_k *b, uint16_t d, uint16_t dmin, const uint8_t sc[8],
+		      const uint8_t mn[8], const uint8_t q[QK_K])
+{
+	b->d = d;
+	b->dmin = dmin;
+	for (int j = 0; j < 4; j++) {
+		b->scales[j] = (uint8_t)(sc[j] | (sc[j + 4] >> 4) << 6);
+		b->scales[j + 4] = (uint8_t)(mn[j] | (mn[j + 4] >> 4) << 6);
+		b->scales[j + 8] = (uint8_t)((sc[j + 4] & 15) | (mn[j + 4] & 15) << 4);
+	}
+	for (int c = 0; c < 4; c++)
+		for (int i = 0; i < 32; i++)
+			b->qs[32 * c + i] = (uint8_t)(q[64 * c + i] | q[64 * c + 32 + i] << 4);
+}
+
+/* Q6_K: element l + 32g of half h: ql[64h + l + 32(g&1)] nibble (g&2 ? high : low), qh[32h + l] bits 2g..2g+1. */
+static void pack_q6_k(struct blk_q6_k *b, uint16_t d, const int8_t sc[16], const uint8_t q[QK_K])
+{
+	memset(b, 0, sizeof(*b));
+	b->d = d;
+	memcpy(b->scales, sc, 16);
+	for (int h = 0; h < 2; h++)
+		for (int g = 0; g < 4; g++)
+			for (int l = 0; l < 32; l++) {
+				uint8_t v = q[128 * h + 32 * g + l];
+				b->ql[64 * h + l + 32 * (g & 1)] |= (uint8_t)((v & 15) << ((g & 2) ? 4 : 0));
+				b->qh[32 * h + l] |= (uint8_t)((v >> 4) << (2 * g));
+			}
+}
+
+#define DQ_N 512	/* two super-blocks, sixteen small blocks */
+
+/*
+ * Expected values are exact in double; scales are chosen so that products
+ * are exact in f32 too and the one possible rounding (adding the min) is a
+ * single f32 rounding of the exact sum, so the comparison is bitwise.
+ */
+static void check_row(uint32_t type, const void *src, const double *want, size_t n)
+{
+	float got[DQ_N];
+	assert_int_equal(dequantize_row(type, src, got, n), 0);
+	for (size_t i = 0; i < n; i++)
+		if (got[i] != (float)want[i])
+			fail_msg("%s element %zu: got %a want %a", type_name(type), i,
+				 (double)got[i], want[i]);
+}
+
+static uint16_t rand_half(float lo, float hi)
+{
+	return f32_to_fp16(rng_mag(lo, hi));
+}
+
+static void test_dequant_small(void **state)
+{
+	(void)state;
+	struct blk_q4_0 b40[DQ_N / QK];
+	struct blk_q4_1 b41[DQ_N / QK];
+	struct blk_q8_0 b80[DQ_N / QK];
+	double w40[DQ_N], w41[DQ_N], w80[DQ_N];
+	rng_seed(21);
+	for (int k = 0; k < DQ_N / QK; k++) {
+		uint8_t nib[QK];
+		for (int i = 0; i < QK; i++)
+			nib[i] = (uint8_t)rng_below(16);
+		nib[0] = 0;
+		nib[QK - 1] = 15;
+		uint16_t d = rand_half(1e-3f, 1.0f), m = rand_half(1e-3f, 8.0f);
+		pack_q4_0(&b40[k], d, nib);
+		pack_q4_1(&b41[k], d, m, nib);
+		for (int i = 0; i < QK; i++) {
+			w40[k * QK + i] = half_ref(d) * (nib[i] - 8);
+			w41[k * QK + i] = half_ref(d) * nib[i] + half_ref(m);
+		}
+		b80[k].d = d;
+		for (int i = 0; i < QK; i++) {
+			b80[k].qs[i] = (int8_t)(i == 0 ? -128 : i == 1 ? 127 : (int)rng_below(256) - 128);
+			w80[k * QK + i] = half_ref(d) * b80[k].qs[i];
+		}
+	}
+	check_row(KB_Q4_0, b40, w40, DQ_N);
+	check_row(KB_Q4_1, b41, w41, DQ_N);
+	check_row(KB_Q8_0, b80, w80, DQ_N);
+}
+
+static void test_dequant_k(void **state)
+{
+	(void)state;
+	struct blk_q4_k b4[DQ_N / QK_K];
+	struct blk_q6_k b6[DQ_N / QK_K];
+	double w4[DQ_N], w6[DQ_N];
+	rng_seed(22);
+	for (int s = 0; s < DQ_N / QK_K; s++) {
+		uint8_t sc[8], mn[8], q4[QK_K], q6[QK_K];
+		int8_t sc6[16];
+		for (int j = 0; j < 8; j++) {
+			sc[j] = (uint8_t)rng_below(64);
+			mn[j] = (uint8_t)rng_below(64);
+		}
+		/* Extremes, with every sub-block's 6 bits distinct from its neighbours'. */
+		sc[0] = 63, mn[0] = 0, sc[5] = 63, mn[5] = 63, sc[7] = 48, mn[7] = 17;
+		for (int i = 0; i < QK_K; i++) {
+			q4[i] = (uint8_t)rng_below(16);
+			q6[i] = (uint8_t)rng_below(64);
+		}
+		q6[0] = 0, q6[127] = 63, q6[200] = 63, q6[255] = 0;
+		for (int j = 0; j < 16; j++)
+			sc6[j] = (int8_t)((int)rng_below(256) - 128);
+		sc6[3] = -128, sc6[12] = 127;
+		uint16_t d = f32_to_fp16(rng_f(1e-3f, 1e-1f)), dmin = f32_to_fp16(rng_f(1e-3f, 1e-1f));
+		uint16_t d6 = rand_half(1e-3f, 1e-1f);
+		pack_q4_k(&b4[s], d, dmin, sc, mn, q4);
+		pack_q6_k(&b6[s], d6, sc6, q6);
+		for (int i = 0; i < QK_K; i++) {
+			int sub = i / 32, h = i / 128, g = (i % 128) / 32, l = i % 32;
+			w4[s * QK_K + i] = half_ref(d) * sc[sub] * q4[i] - half_ref(dmin) * mn[sub];
+			w6[s * QK_K + i] = half_ref(d6) * sc6[8 * h + l / 16 + 2 * g] * (q6[i] - 32);
+		}
+	}
+	check_row(KB_Q4_K, b4, w4, DQ_N);
+	check_row(KB_Q6_K, b6, w6, DQ_N);
+}
+
+static void test_dequant_float(void **state)
+{
+	(void)state;
+	uint16_t h16[DQ_N], hb[DQ_N];
+	float f32[DQ_N], got[DQ_N];
+	double w16[DQ_N], wb[DQ_N];
+	rng_seed(23);
+	for (int i = 0; i < DQ_N; i++) {
+		do
+			h16[i] = (uint16_t)rng_next();
+		while ((h16[i] & 0x7c00) == 0x7c00);
+		do
+			hb[i] = (uint16_t)rng_next();
+		while ((hb[i] & 0x7f80) == 0x7f80);
+		w16[i] = half_ref(h16[i]);
+		wb[i] = bf16_ref(hb[i]);
+		f32[i] = bits_f((uint32_t)rng_next() & 0xbf7fffffu);	/* finite */
+	}
+	check_row(KB_F16, h16, w16, DQ_N);
+	check_row(KB_BF16, hb, wb, DQ_N);
+	assert_int_equal(dequantize_row(KB_F32, f32, got, DQ_N), 0);
+	assert_memory_equal(got, f32, sizeof(f32));
+	assert_int_equal(dequantize_row(KB_Q4_0, h16, got, 48), -EINVAL);
+	assert_int_equal(dequantize_row(7, h16, got, 32), -EINVAL);
+}
+
+/* ---- 3. quantized dot products ---- */
+
+/* A random weight row: random bytes, then sane random f16 scales in place. */
+static void rand_wrow(uint32_t type, void *row, uint32_t cols)
+{
+	size_t nb = row_bytes_of(type, cols);
+	uint8_t *p = row;
+	for (size_t i = 0; i < nb; i++)
+		p[i] = (uint8_t)rng_next();
+	for (uint32_t k = 0; k < cols / QK; k++) {
+		switch (type) {
+		case KB_Q4_0:
+			((struct blk_q4_0 *)row)[k].d = rand_half(2e-3f, 2e-2f);
+			break;
+		case KB_Q4_1: {
+			struct blk_q4_1 *b = (struct blk_q4_1 *)row + k;
+			float d = rng_f(2e-3f, 2e-2f);
+			b->d = f32_to_fp16(d);
+			b->m = f32_to_fp16(-8.0f * d * rng_f(0.5f, 1.5f));
+			break;
+		}
+		case KB_Q8_0:
+			((struct blk_q8_0 *)row)[k].d = rand_half(1e-4f, 1e-3f);
+			break;
+		case KB_Q4_K:
+			if (k % 8 == 0) {
+				((struct blk_q4_k *)row)[k / 8].d = f32_to_fp16(rng_f(1e-4f, 1e-3f));
+				((struct blk_q4_k *)row)[k / 8].dmin = f32_to_fp16(rng_f(1e-4f, 1e-3f));
+			}
+			break;
+		case KB_Q6_K:
+			if (k % 8 == 0)
+				((struct blk_q6_k *)row)[k / 8].d = rand_half(1e-5f, 1e-4f);
+			break;
+		}
+	}
+	for (uint32_t i = 0; i < cols; i++) {
+		if (type == KB_F32)
+			((float *)row)[i] = rng_f(-1.0f, 1.0f);
+		else if (type == KB_F16)
+			((uint16_t *)row)[i] = f32_to_fp16(rng_f(-1.0f, 1.0f));
+		else if (type == KB_BF16)
+			((uint16_t *)row)[i] = (uint16_t)(fbits(rng_f(-1.0f, 1.0f)) >> 16);
+	}
+}
+
+/* Activation row r of a test batch: plain, large, small, and one with an outlier. */
+static void rand_xrow(float *x, uint32_t cols, uint32_t r)
+{
+	static const float scale[4] = { 1.0f, 100.0f, 1e-2f, 1.0f };
+	for (uint32_t i = 0; i < cols; i++)
+		x[i] = rng_f(-1.0f, 1.0f) * scale[r % 4];
+	if (r % 4 == 3)
+		x[rng_below(cols)] = 50.0f;
+}
+
+/* The min coefficient the format adds to every element of sub-block k, from the bytes. */
+static double min_of(uint32_t type, const void *row, size_t k)
+{
+	if (type == KB_Q4_1)
+		return half_ref(((const struct blk_q4_1 *)row)[k].m);
+	if (type == KB_Q4_K) {
+		const struct blk_q4_k *b = (const struct blk_q4_k *)row + k / 8;
+		int j = (int)(k % 8);
+		int m = j < 4 ? b->scales[j + 4] & 63 : (b->scales[j + 4] >> 4) | (b->scales[j] >> 6) << 4;
+		return -half_ref(b->dmin) * m;
+	}
+	return 0.0;
+}
+
+struct dot_ref {
+	double q;	/* sum dequant(w) * dequant(xq) */
+	double q_tol;	/* f32 rounding in the kernel, plus the f16 rounding of s in min terms */
+	double x;	/* sum dequant(w) * x */
+	double x_tol;	/* a bound on the activation quantization error */
+	double abs;	/* sum |w x| */
+};
+
+/*
+ * With e = max |x_i - d q_i| over a block (known from the data: half a step
+ * of the unrounded scale amax/127 plus 127 times the f16 rounding of d), the
+ * kernel's min-split sum dw dx sum(v q) + mw s differs from sum w x by at most
+ * sum |w_i - mw| e + |mw| (|s - d sum q| + 32 e): a rigorous bound.
+ */
+static void dot_reference(uint32_t type, const void *row, const float *x,
+			  const struct blk_q8x *xq, uint32_t cols, struct dot_ref *r)
+{
+	float *w = malloc(cols * sizeof(float));
+	double abs_q = 0.0, s_err = 0.0;
+	assert_non_null(w);
+	assert_int_equal(dequantize_row(type, row, w, cols), 0);
+	memset(r, 0, sizeof(*r));
+	for (uint32_t k = 0; k < cols / QK; k++) {
+		const struct blk_q8x *b = &xq[k];
+		const float *xk = x + k * QK, *wk = w + k * QK;
+		double mw = min_of(type, row, k), amax = 0.0, sumq = 0.0;
+		for (int i = 0; i < QK; i++) {
+			amax = fmax(amax, fabs(xk[i]));
+			sumq += b->qs[i];
+		}
+		double dt = amax / 127.0;
+		double e = dt * (0.5 + 1e-4) + fabs((double)b->d - dt) * 127.0;
+		double serr = fabs((double)b->s - (double)b->d * sumq);
+		for (int i = 0; i < QK; i++) {
+			double qi = (double)b->d * b->qs[i];
+			r->q += wk[i] * qi;
+			abs_q += fabs(wk[i] * qi);
+			r->x += wk[i] * (double)xk[i];
+			r->abs += fabs(wk[i] * (double)xk[i]);
+			r->x_tol += fabs(wk[i] - mw) * e;
+		}
+		s_err += fabs(mw) * serr;
+		r->x_tol += fabs(mw) * (serr + QK * e);
+	}
+	r->q_tol = 1e-5 * abs_q + s_err;
+	r->x_tol += 1e-5 * r->abs;
+	free(w);
+}
+
+#define DOT_COLS 1024
+#define DOT_WROWS 6
+
+static void test_qdot(void **state)
+{
+	(void)state;
+	static const char *const isas[] = { "generic", "avx2", "avx512vnni" };
+	float x[DOT_MAX_NR][DOT_COLS];
+	struct blk_q8x xq[DOT_MAX_NR][DOT_COLS / QK];
+	const size_t nblk = DOT_COLS / QK;
+	double worst_q = 0.0, worst_x = 0.0, worst_rel = 0.0;
+	rng_seed(31);
+	for (int r = 0; r < DOT_MAX_NR; r++) {
+		rand_xrow(x[r], DOT_COLS, (uint32_t)r);
+		quantize_row_q8x(x[r], xq[r], DOT_COLS);
+	}
+	for (size_t t = 0; t < N_QTYPES; t++) {
+		uint32_t type = qtypes[t];
+		size_t rb = row_bytes_of(type, DOT_COLS);
+		uint8_t *rows = malloc(rb * DOT_WROWS);
+		qdot_fn fns[3];
+		int nf = 0;
+		assert_non_null(rows);
+		for (int i = 0; i < 3; i++) {
+			const char *isa;
+			qdot_fn f = dot_select_q_isa(type, isas[i], &isa);
+			if (f) {
+				assert_string_equal(isa, isas[i]);
+				fns[nf++] = f;
+			}
+		}
+		assert_true(nf >= 1);
+		if (t == 0)
+			printf("dot paths on this CPU: %d of generic/avx2/avx512vnni\n", nf);
+		for (int wr = 0; wr < DOT_WROWS; wr++) {
+			const uint8_t *row = rows + wr * rb;
+			float base[DOT_MAX_NR];
+			rand_wrow(type, rows + wr * rb, DOT_COLS);
+			for (int r = 0; r < DOT_MAX_NR; r++)
+				dot_q_generic(type, row, xq[r], nblk, 1, nblk, &base[r], 1);
+			for (int f = 0; f < nf; f++) {
+				for (int nr = 1; nr <= DOT_MAX_NR; nr++) {
+					/* out_stride 2: the odd slots must stay untouched */
+					float out[2 * DOT_MAX_NR];
+					for (int i = 0; i < 2 * DOT_MAX_NR; i++)
+						out[i] = -7.0f;
+					fns[f](row, xq[0], nblk, nr, nblk, out, 2);
+					for (int r = 0; r < DOT_MAX_NR; r++) {
+						float want = r < nr ? base[r] : -7.0f;
+						if (fbits(out[2 * r]) != fbits(want) || out[2 * r + 1] != -7.0f)
+							fail_msg("%s %s row %d: nr %d gives %a, alone generic %a",
+								 type_name(type), isas[f], r, nr,
+								 (double)out[2 * r], (double)want);
+					}
+				}
+				for (int r = 0; r < DOT_MAX_NR; r++) {
+					float o;
+					fns[f](row, xq[r], nblk, 1, nblk, &o, 1);
+					assert_int_equal(fbits(o), fbits(base[r]));
+				}
+			}
+			for (int r = 0; r < DOT_MAX_NR; r++) {
+				struct dot_ref ref;
+				dot_reference(type, row, x[r], xq[r], DOT_COLS, &ref);
+				double eq = fabs(base[r] - ref.q), ex = fabs(base[r] - ref.x);
+				if (eq > ref.q_tol || ex > ref.x_tol)
+					fail_msg("%s wrow %d xrow %d: got %.9g, ref(xq) %.9g tol %.3g, ref(x) %.9g bound %.3g",
+						 type_name(type), wr, r, (double)base[r], ref.q, ref.q_tol,
+						 ref.x, ref.x_tol);
+				/* Typical rows (plain and outlier): the quantization error is tiny. */
+				if (ex > 1e-2 * ref.abs)
+					fail_msg("%s wrow %d xrow %d: |err| %.3g > 1e-2 sum|wx| %.3g",
+						 type_name(type), wr, r, ex, ref.abs);
+				worst_q = fmax(worst_q, fabs(base[r] - ref.q) / ref.abs);
+				worst_x = fmax(worst_x, ex / ref.x_tol);
+				if (r % 2 == 0)
+					worst_rel = fmax(worst_rel, ex / fabs(ref.x));
+			}
+		}
+		free(rows);
+	}
+	printf("dot: max |err|/sum|wx| vs xq ref %.2g; max err/bound vs x ref %.2f; "
+	       "max rel err vs x ref (plain rows) %.2g\n", worst_q, worst_x, worst_rel);
+}
+
+/* ---- 4. backend matmul ---- */
+
+#define MM_COLS 512
+#define MM_N 64
+#define MM_TYPES 8
+
+static const uint32_t mm_types[MM_TYPES] = { KB_Q4_0, KB_Q4_1, KB_Q8_0, KB_Q4_K, KB_Q6_K,
+					     KB_F32, KB_F16, KB_BF16 };
+
+/* Per type: rows 70, 61, ... 7, none a multiple of the task size (a partial last task). */
+static struct {
+	struct kb_weight w;
+	float *y;		/* (MM_N, w.rows) in one batch of 64, two threads */
+} mm[MM_TYPES];
+
+/* Row r of y (n, w.rows) checked against the portable kernel and the double reference. */
+static void mm_check_row(const struct kb_weight *w, const float *xr, const float *yr)
+{
+	struct blk_q8x xq[MM_COLS / QK];
+	float wrow[MM_COLS];
+	uint32_t type = w->type;
+	if (type_is_quantized(type))
+		quantize_row_q8x(xr, xq, MM_COLS);
+	for (uint32_t o = 0; o < w->rows; o++) {
+		const uint8_t *row = (const uint8_t *)w->data + o * w->row_bytes;
+		if (type_is_quantized(type)) {
+			struct dot_ref ref;
+			float want;
+			dot_q_generic(type, row, xq, 0, 1, MM_COLS / QK, &want, 1);
+			if (fbits(yr[o]) != fbits(want))
+				fail_msg("%s [%u]: %a, portable dot %a", type_name(type), o,
+					 (double)yr[o], (double)want);
+			dot_reference(type, row, xr, xq, MM_COLS, &ref);
+			if (fabs(yr[o] - ref.x) > ref.x_tol)
+				fail_msg("%s [%u]: %.9g, ref %.9g bound %.3g", type_name(type), o,
+					 (double)yr[o], ref.x, ref.x_tol);
+		} else {
+			double ref = 0.0, abs = 0.0;
+			assert_int_equal(dequantize_row(type, row, wrow, MM_COLS), 0);
+			for (uint32_t i = 0; i < MM_COLS; i++) {
+				ref += (double)wrow[i] * xr[i];
+				abs += fabs((double)wrow[i] * xr[i]);
+			}
+			/* 8 lanes of 64 f32 fmas then a 3-level tree: < 70 ulps of sum|wx| */
+			if (fabs(yr[o] - ref) > 1e-5 * abs)
+				fail_msg("%s [%u]: %.9g, ref %.9g", type_name(type), o, (double)yr[o], ref);
+		}
+	}
+}
+
+static void test_matmul(void **state)
+{
+	(void)state;
+	static const uint32_t ns[] = { 1, 3, 7, 64 };
+	struct backend *be[2];
+	float *x = malloc(sizeof(float) * MM_N * MM_COLS);
+	float *y = malloc(sizeof(float) * MM_N * 70);
+	assert_true(x && y);
+	assert_int_equal(backend_cpu_create(&be[0], 1), 0);
+	assert_int_equal(backend_cpu_create(&be[1], 2), 0);
+	rng_seed(41);
+	for (uint32_t r = 0; r < MM_N; r++)
+		rand_xrow(x + r * MM_COLS, MM_COLS, r);
+	for (int t = 0; t < MM_TYPES; t++) {
+		uint32_t type = mm_types[t], rows = 70 - 9 * (uint32_t)t;
+		size_t rb = row_bytes_of(type, MM_COLS);
+		uint8_t *wd = malloc(rb * rows);
+		struct kb_weight *w = &mm[t].w;
+		assert_non_null(wd);
+		for (uint32_t o = 0; o < rows; o++)
+			rand_wrow(type, wd + o * rb, MM_COLS);
+		*w = (struct kb_weight){ .data = wd, .type = type, .rows = rows, .cols = MM_COLS,
+					 .row_bytes = rb };
+		mm[t].y = malloc(sizeof(float) * MM_N * rows);
+		assert_non_null(mm[t].y);
+		assert_int_equal(be[1]->ops->matmul(be[1], mm[t].y, w, x, MM_N), 0);
+		/* Every row, in every batch size and thread count, is the batch-of-64 row. */
+		for (int b = 0; b < 2; b++)
+			for (size_t ni = 0; ni < sizeof(ns) / sizeof(ns[0]); ni++) {
+				memset(y, 0xff, sizeof(float) * MM_N * rows);
+				for (uint32_t s = 0; s < MM_N; s += ns[ni]) {
+					uint32_t m = MM_N - s < ns[ni] ? MM_N - s : ns[ni];
+					assert_int_equal(be[b]->ops->matmul(be[b], y + s * rows, w,
+									    x + s * MM_COLS, m), 0);
+				}
+				if (memcmp(y, mm[t].y, sizeof(float) * MM_N * rows))
+					fail_msg("%s: %u thread(s), batches of %u differ from one batch of 64",
+						 type_name(type), be[b]->n_threads, ns[ni]);
+			}
+		for (uint32_t r = 0; r < MM_N; r++)
+			mm_check_row(w, x + r * MM_COLS, mm[t].y + r * rows);
+		/* get_rows is dequantize_row, and checks ids. */
+		uint32_t ids[3] = { 5, 0, rows - 1 };
+		float *g = malloc(sizeof(float) * 3 * MM_COLS), wrow[MM_COLS];
+		assert_non_null(g);
+		assert_int_equal(be[1]->ops->get_rows(be[1], g, w, ids, 3), 0);
+		for (int i = 0; i < 3; i++) {
+			assert_int_equal(dequantize_row(type, wd + ids[i] * rb, wrow, MM_COLS), 0);
+			assert_memory_equal(g + i * MM_COLS, wrow, sizeof(wrow));
+		}
+		ids[1] = rows;
+		assert_int_equal(be[1]->ops->get_rows(be[1], g, w, ids, 3), -ERANGE);
+		free(g);
+	}
+	/* matmul_multi, mixing types and row counts: each output is matmul's, bitwise. */
+	static const int groups[][4] = { { 0, 1, 2, -1 }, { 3, 5, -1 }, { 6, 4, 7, 0 }, { 2, -1 } };
+	for (size_t gi = 0; gi < sizeof(groups) / sizeof(groups[0]); gi++) {
+		const struct kb_weight *ws[4];
+		float *ys[4];
+		uint32_t count = 0;
+		while (count < 4 && groups[gi][count] >= 0) {
+			int t = groups[gi][count];
+			ws[count] = &mm[t].w;
+			ys[count] = malloc(sizeof(float) * MM_N * mm[t].w.rows);
+			assert_non_null(ys[count]);
+			count++;
+		}
+		for (int b = 0; b < 2; b++)
+			for (size_t ni = 0; ni < sizeof(ns) / sizeof(ns[0]); ni++) {
+				for (uint32_t s = 0; s < MM_N; s += ns[ni]) {
+					uint32_t m = MM_N - s < ns[ni] ? MM_N - s : ns[ni];
+					float *yo[4];
+					for (uint32_t i = 0; i < count; i++)
+						yo[i] = ys[i] + s * ws[i]->rows;
+					assert_int_equal(be[b]->ops->matmul_multi(be[b], yo, ws, count,
+										  x + s * MM_COLS, m), 0);
+				}
+				for (uint32_t i = 0; i < count; i++)
+					if (memcmp(ys[i], mm[groups[gi][i]].y,
+						   sizeof(float) * MM_N * ws[i]->rows))
+						fail_msg("matmul_multi group %zu: %s output differs from matmul (%u threads, batches of %u)",
+							 gi, type_name(ws[i]->type), be[b]->n_threads, ns[ni]);
+			}
+		for (uint32_t i = 0; i < count; i++)
+			free(ys[i]);
+	}
+	/* Refused shapes: cols not in whole blocks, cols that differ, too many weights. */
+	struct kb_weight bad = { .data = x, .type = KB_Q8_0, .rows = 1, .cols = 48,
+				 .row_bytes = 34 };
+	assert_int_equal(be[0]->ops->matmul(be[0], y, &bad, x, 1), -EINVAL);
+	const struct kb_weight *mixed[2] = { &mm[0].w, &bad }, *five[5];
+	float *yo[5] = { y, y, y, y, y };
+	assert_int_equal(be[0]->ops->matmul_multi(be[0], yo, mixed, 2, x, 1), -EINVAL);
+	for (int i = 0; i < 5; i++)
+		five[i] = &mm[0].w;
+	assert_int_equal(be[0]->ops->matmul_multi(be[0], yo, five, 5, x, 1), -EINVAL);
+	for (int t = 0; t < MM_TYPES; t++) {
+		free((void *)mm[t].w.data);
+		free(mm[t].y);
+	}
+	be[0]->ops->destroy(be[0]);
+	be[1]->ops->destroy(be[1]);
+	free(x);
+	free(y);
+}
+
+/* ---- 5. row ops ---- */
+
+static void test_rmsnorm(void **state)
+{
+	(void)state;
+	static const uint32_t dims[] = { 7, 64, 576, 1000 };
+	struct backend *be;
+	const float eps = 1e-5f;
+	assert_int_equal(backend_cpu_create(&be, 2), 0);
+	rng_seed(51);
+	for (size_t di = 0; di < sizeof(dims) / sizeof(dims[0]); di++) {
+		const uint32_t dim = dims[di], n = 5;
+		float *x = malloc(sizeof(float) * n * dim), *g = malloc(sizeof(float) * dim);
+		float *out = malloc(sizeof(float) * n * dim), *row = malloc(sizeof(float) * dim);
+		assert_true(x && g && out && row);
+		for (uint32_t i = 0; i < dim; i++)
+			g[i] = rng_mag(0.5f, 1.5f);
+		for (uint32_t r = 0; r < n; r++)
+			for (uint32_t i = 0; i < dim; i++)	/* row 4 is small enough for eps to matter */
+				x[r * dim + i] = rng_f(-2.0f, 2.0f) * (r == 4 ? 1e-3f : 1.0f);
+		assert_int_equal(be->ops->rmsnorm(be, out, x, g, n, dim, eps), 0);
+		for (uint32_t r = 0; r < n; r++) {
+			const float *xr = x + r * dim;
+			double ss = 0.0;
+			for (uint32_t i = 0; i < dim; i++)
+				ss += (double)xr[i] * xr[i];
+			double scale = 1.0 / sqrt(ss / dim + (double)eps);
+			for (uint32_t i = 0; i < dim; i++) {
+				double want = xr[i] * scale * g[i];
+				/*
+				 * f32 roundings on the way (the sum of squares is double):
+				 * mean, + eps, sqrt, 1/x (halved through the root where they
+				 * precede it), x * scale, * g: < 5.5 ulps = 3.3e-7.
+				 */
+				if (fabs(out[r * dim + i] - want) > 4e-7 * fabs(want))
+					fail_msg("rmsnorm dim %u row %u [%u]: %.9g want %.9g", dim, r, i,
+						 (double)out[r * dim + i], want);
+			}
+			ops_rmsnorm_row(row, xr, g, dim, eps);
+			assert_memory_equal(row, out + r * dim, sizeof(float) * dim);
+		}
+		/* In place gives the same bits. */
+		assert_int_equal(be->ops->rmsnorm(be, x, x, g, n, dim, eps), 0);
+		assert_memory_equal(x, out, sizeof(float) * n * dim);
+		free(x);
+		free(g);
+		free(out);
+		free(row);
+	}
+	be->ops->destroy(be);
+}
+
+static void test_swiglu(void **state)
+{
+	(void)state;
+	enum { N = 3, DIM = 1531 };
+	static float gate[N * DIM], up[N * DIM], out[N * DIM];
+	struct backend *be;
+	assert_int_equal(backend_cpu_create(&be, 2), 0);
+	rng_seed(52);
+	for (int i = 0; i < N * DIM; i++) {
+		gate[i] = rng_f(-20.0f, 20.0f);
+		up[i] = rng_f(-2.0f, 2.0f);
+	}
+	assert_int_equal(be->ops->swiglu(be, out, gate, up, N, DIM), 0);
+	for (int i = 0; i < N * DIM; i++) {
+		double g = gate[i], want = g / (1.0 + exp(-g)) * up[i];
+		/* e^x within 3e-7 (see test_fast_expf), then 1 +, /, *: 3 roundings */
+		if (fabs(out[i] - want) > 5e-7 * fabs(want))
+			fail_msg("swiglu(%a, %a) = %.9g want %.9g", (double)gate[i], (double)up[i],
+				 (double)out[i], want);
+	}
+	float row[DIM];
+	ops_swiglu_row(row, gate + DIM, up + DIM, DIM);
+	assert_memory_equal(row, out + DIM, sizeof(row));
+	assert_int_equal(be->ops->swiglu(be, gate, gate, up, N, DIM), 0);
+	assert_memory_equal(gate, out, sizeof(out));
+	be->ops->destroy(be);
+}
+
+static void test_fast_expf(void **state)
+{
+	(void)state;
+	double worst = 0.0, at = 0.0;
+	rng_seed(53);
+	for (int i = 0; i <= 3200000; i++) {
+		float x = i < 1600001 ? (float)(-80.0 + i * 1e-4) : rng_f(-80.0f, 80.0f);
+		double want = exp((double)x), e = fabs(fast_expf(x) - want) / want;
+		if (e > worst)
+			worst = e, at = x;
+	}
+	printf("fast_expf: max relative error %.3g at %g\n", worst, at);
+	if (worst >= 3e-7)
+		fail_msg("fast_expf relative error %.3g at %a", worst, at);
+	assert_true(fast_expf(0.0f) == 1.0f);
+	/* Clamped outside the range: tiny and huge, never inf, nan or negative. */
+	assert_true(fast_expf(-1000.0f) >= 0.0f && fast_expf(-1000.0f) < 1e-37f);
+	assert_true(isfinite(fast_expf(1000.0f)) && fast_expf(1000.0f) > 1e38f);
+}
+
+/*
+ * The cos/sin angle is pos * step^i, advanced in f32 as llama.cpp does; each
+ * multiplication rounds, so the angle's absolute error grows with pos
+ * (~8e-8 pos measured): allow 1e-5 plus 1e-7 per position.
+ */
+static double rope_tol(uint32_t pos)
+{
+	return 1e-5 + 1e-7 * pos;
+}
+
+static void test_rope(void **state)
+{
+	(void)state;
+	enum { NH = 3, HD = 64, N = 12 };
+	static const struct { uint32_t rot; float theta; int neox; } cfg[] = {
+		{ 64, 10000.0f, 0 }, { 64, 100000.0f, 0 },	/* theta alone changes */
+		{ 64, 10000.0f, 1 }, { 32, 10000.0f, 0 },	/* rot_dim alone changes */
+		{ 32, 10000.0f, 1 }, { 48, 500000.0f, 1 },
+		{ 64, 10000.0f, 0 },	/* back to the first: the cos/sin cache must follow */
+	};
+	struct backend *be;
+	float x[N * NH * HD], x0[N * NH * HD], cs[HD];
+	uint32_t pos[N];
+	assert_int_equal(backend_cpu_create(&be, 2), 0);
+	rng_seed(54);
+	for (size_t c = 0; c < sizeof(cfg) / sizeof(cfg[0]); c++) {
+		const uint32_t rot = cfg[c].rot, half = rot / 2;
+		for (int r = 0; r < N; r++)	/* small first, then growing, one large */
+			pos[r] = r < 4 ? (uint32_t)r : r == N - 1 ? 4000 : rng_below(300);
+		for (int i = 0; i < N * NH * HD; i++)
+			x0[i] = x[i] = rng_f(-1.0f, 1.0f);
+		assert_int_equal(be->ops->rope(be, x, pos, N, NH, HD, rot, cfg[c].theta,
+					       cfg[c].neox), 0);
+		for (int r = 0; r < N; r++) {
+			ops_rope_table(cs, pos[r], rot, cfg[c].theta);
+			for (uint32_t i = 0; i < half; i++) {
+				double a = pos[r] * pow(cfg[c].theta, -2.0 * i / rot);
+				if (fabs(cs[2 * i] - cos(a)) > rope_tol(pos[r]) ||
+				    fabs(cs[2 * i + 1] - sin(a)) > rope_tol(pos[r]))
+					fail_msg("rope table pos %u pair %u: (%.9g, %.9g) want (%.9g, %.9g)",
+						 pos[r], i, (double)cs[2 * i], (double)cs[2 * i + 1],
+						 cos(a), sin(a));
+			}
+			for (int h = 0; h < NH; h++) {
+				const float *in = x0 + (r * NH + h) * HD;
+				const float *out = x + (r * NH + h) * HD;
+				for (uint32_t i = 0; i < half; i++) {
+					uint32_t ia = cfg[c].neox ? i : 2 * i;
+					uint32_t ib = cfg[c].neox ? i + half : 2 * i + 1;
+					/*
+					 * Exactly the documented rounding on any CPU: the first
+					 * product of each rotation fused, the second rounded
+					 * (volatile keeps the compiler from fusing it here).
+					 */
+					volatile float m1 = in[ib] * cs[2 * i + 1], m3 = in[ib] * cs[2 * i];
+					float fa = fmaf(in[ia], cs[2 * i], -m1);
+					float fb = fmaf(in[ia], cs[2 * i + 1], m3);
+					if (fbits(out[ia]) != fbits(fa) || fbits(out[ib]) != fbits(fb))
+						fail_msg("rope rot %u neox %d pos %u head %d pair %u: (%a, %a), fma(x0, c, -x1 s) gives (%a, %a)",
+							 rot, cfg[c].neox, pos[r], h, i, (double)out[ia],
+							 (double)out[ib], (double)fa, (double)fb);
+					double a = pos[r] * pow(cfg[c].theta, -2.0 * i / rot);
+					double wa = in[ia] * cos(a) - in[ib] * sin(a);
+					double wb = in[ia] * sin(a) + in[ib] * cos(a);
+					double tol = rope_tol(pos[r]) * (fabs(in[ia]) + fabs(in[ib]));
+					if (fabs(out[ia] - wa) > tol || fabs(out[ib] - wb) > tol)
+						fail_msg("rope rot %u neox %d pos %u head %d pair %u: (%.9g, %.9g) want (%.9g, %.9g)",
+							 rot, cfg[c].neox, pos[r], h, i, (double)out[ia],
+							 (double)out[ib], wa, wb);
+				}
+				/* Dimensions past rot_dim are not touched. */
+				assert_memory_equal(out + rot, in + rot, sizeof(float) * (HD - rot));
+			}
+		}
+	}
+	assert_int_equal(be->ops->rope(be, x, pos, 1, NH, HD, HD + 2, 10000.0f, 0), -EINVAL);
+	assert_int_equal(be->ops->rope(be, x, pos, 1, NH, HD, 31, 10000.0f, 0), -EINVAL);
+	be->ops->destroy(be);
+}
+
+/* ---- 6. attention ---- */
+
+#define AT_KVH 2
+#define AT_CTX 512	/* one block holding every position: a contiguous cache */
+#define AT_P 300	/* positions cached */
+#define AT_N 8		/* query rows per call */
+
+/*
+ * head_dim 64 takes the SIMD kernel where the CPU has one; 36 (not a
+ * multiple of 8) the portable one. An f16 cache rounds Q and the softmax
+ * weights to f16 (2^-11 relative each): 2e-3 of sum w|v| is allowed; an f32
+ * cache rounds nothing beyond f32 arithmetic: 1e-5.
+ */
+static const struct { uint32_t group, hd, type; double tol; } at_cfg[] = {
+	{ 1, 64, KB_F16, 2e-3 }, { 3, 64, KB_F16, 2e-3 }, { 8, 64, KB_F16, 2e-3 },
+	{ 3, 36, KB_F16, 2e-3 }, { 3, 64, KB_F32, 1e-5 }, { 2, 36, KB_F32, 1e-5 },
+};
+
+/*
+ * Row r, head h against the double reference softmax(q . K * scale) V, with
+ * K and V (kd, vd: (AT_P, AT_KVH, hd)) as the cache holds them and q as
+ * given. Returns the worst error relative to sum w |v|.
+ */
+static double at_check_head(const float *qh, const float *oh, const double *kd,
+			    const double *vd, uint32_t pos, uint32_t kvh, uint32_t hd, float scale,
+			    double tol, double *wts)
+{
+	const uint32_t np = pos + 1;
+	double mx = -INFINITY, sum = 0.0, worst = 0.0;
+	for (uint32_t p = 0; p < np; p++) {
+		const double *k = kd + (p * AT_KVH + kvh) * hd;
+		double s = 0.0;
+		for (uint32_t i = 0; i < hd; i++)
+			s += qh[i] * k[i];
+		wts[p] = s * scale;
+		mx = fmax(mx, wts[p]);
+	}
+	for (uint32_t p = 0; p < np; p++)
+		sum += (wts[p] = exp(wts[p] - mx));
+	for (uint32_t i = 0; i < hd; i++) {
+		double want = 0.0, mag = 0.0;
+		for (uint32_t p = 0; p < np; p++) {
+			double v = vd[(p * AT_KVH + kvh) * hd + i];
+			want += wts[p] / sum * v;
+			mag += wts[p] / sum * fabs(v);
+		}
+		if (fabs(oh[i] - want) > tol * mag)
+			fail_msg("head_dim %u pos %u kv head %u [%u]: %.9g want %.9g (sum w|v| %.3g)",
+				 hd, pos, kvh, i, (double)oh[i], want, mag);
+		worst = fmax(worst, fabs(oh[i] - want) / mag);
+		/* Position 0 attends to itself alone: V itself. */
+		if (pos == 0 && fbits(oh[i]) != fbits((float)vd[kvh * hd + i]))
+			fail_msg("head_dim %u pos 0 [%u]: %a is not V", hd, i, (double)oh[i]);
+	}
+	return worst;
+}
+
+static void test_attention(void **state)
+{
+	(void)state;
+	struct backend *be[2];
+	uint32_t pos[AT_P];
+	double worst[2] = { 0.0, 0.0 };
+	double *wts = malloc(sizeof(double) * AT_P);
+	assert_non_null(wts);
+	assert_int_equal(backend_cpu_create(&be[0], 1), 0);
+	assert_int_equal(backend_cpu_create(&be[1], 2), 0);
+	for (uint32_t p = 0; p < AT_P; p++)
+		pos[p] = p;
+	rng_seed(61);
+	for (size_t c = 0; c < sizeof(at_cfg) / sizeof(at_cfg[0]); c++) {
+		const uint32_t hd = at_cfg[c].hd, kv_dim = AT_KVH * hd, f32 = at_cfg[c].type == KB_F32;
+		const uint32_t nh = at_cfg[c].group * AT_KVH, qd = nh * hd;
+		const size_t esz = f32 ? sizeof(float) : sizeof(uint16_t);
+		const struct kb_attn_shape sh = { .n_heads = nh, .n_kv_heads = AT_KVH,
+						  .head_dim = hd, .scale = 1.0f / sqrtf((float)hd) };
+		uint8_t *kvbuf = malloc(2 * esz * AT_CTX * kv_dim);
+		void *kc = kvbuf, *vc = kvbuf + esz * AT_CTX * kv_dim;
+		float *k = malloc(sizeof(float) * AT_P * kv_dim), *v = malloc(sizeof(float) * AT_P * kv_dim);
+		double *kd = malloc(sizeof(double) * AT_P * kv_dim);
+		double *vd = malloc(sizeof(double) * AT_P * kv_dim);
+		float *q = malloc(sizeof(float) * AT_N * qd), *out = malloc(sizeof(float) * AT_N * qd);
+		float *one = malloc(sizeof(float) * qd);
+		static const uint32_t one_block = 0;
+		struct kb_kv_view kv = { .base = kvbuf, .blocks = &one_block, .n_blocks = 1,
+					 .block_tokens = AT_CTX, .block_bytes = 2 * esz * AT_CTX * kv_dim,
+					 .k_off = 0, .v_off = esz * AT_CTX * kv_dim,
+					 .row_bytes = esz * kv_dim, .type = at_cfg[c].type };
+		assert_true(kvbuf && k && v && kd && vd && q && out && one);
+		for (uint32_t i = 0; i < AT_P * kv_dim; i++) {
+			k[i] = rng_f(-1.0f, 1.0f);
+			v[i] = rng_f(-1.0f, 1.0f);
+		}
+		/* Written in uneven chunks; the cache holds exactly each value in its type, in place. */
+		for (uint32_t p = 0; p < AT_P; p += 37) {
+			uint32_t m = AT_P - p < 37 ? AT_P - p : 37;
+			assert_int_equal(be[1]->ops->write_kv(be[1], &kv, pos + p, m, kv_dim,
+							      k + p * kv_dim, v + p * kv_dim), 0);
+		}
+		for (uint32_t i = 0; i < AT_P * kv_dim; i++) {
+			if (f32) {
+				kd[i] = ((const float *)kc)[i];
+				vd[i] = ((const float *)vc)[i];
+				if (kd[i] != k[i] || vd[i] != v[i])
+					fail_msg("write_kv f32: element %u is not its input", i);
+			} else {
+				uint16_t kh = ((const uint16_t *)kc)[i], vh = ((const uint16_t *)vc)[i];
+				if (kh != f32_to_fp16(k[i]) || vh != f32_to_fp16(v[i]))
+					fail_msg("write_kv f16: element %u is not the f16 of its input", i);
+				kd[i] = half_ref(kh);
+				vd[i] = half_ref(vh);
+			}
+		}
+		/* Consecutive rows at the end of the cache, then the first positions with a peakier softmax. */
+		for (int si = 0; si < 2; si++) {
+			const uint32_t *qp = pos + (si ? 0 : AT_P - AT_N);
+			for (uint32_t i = 0; i < AT_N * qd; i++)
+				q[i] = rng_f(-1.0f, 1.0f) * (si ? 3.0f : 1.0f);
+			assert_int_equal(be[1]->ops->attention(be[1], out, q, &kv, qp, AT_N, &sh), 0);
+			for (uint32_t r = 0; r < AT_N; r++) {
+				/* One row per call, either thread count: the same bits. */
+				for (int b = 0; b < 2; b++) {
+					assert_int_equal(be[b]->ops->attention(be[b], one, q + r * qd, &kv,
+									       qp + r, 1, &sh), 0);
+					if (memcmp(one, out + r * qd, sizeof(float) * qd))
+						fail_msg("group %u head_dim %u pos %u: row alone (%u threads) differs from the batch",
+							 at_cfg[c].group, hd, qp[r], be[b]->n_threads);
+				}
+				for (uint32_t h = 0; h < nh; h++)
+					worst[f32] = fmax(worst[f32],
+							  at_check_head(q + r * qd + h * hd,
+									out + r * qd + h * hd, kd, vd,
+									qp[r], h / at_cfg[c].group, hd,
+									sh.scale, at_cfg[c].tol, wts));
+			}
+		}
+		/* Out of range positions, bad shapes and cache types are refused. */
+		uint32_t far = AT_CTX;
+		struct kb_attn_shape bad = sh;
+		struct kb_kv_view badkv = kv;
+		assert_int_equal(be[1]->ops->attention(be[1], out, q, &kv, &far, 1, &sh), -ERANGE);
+		assert_int_equal(be[1]->ops->write_kv(be[1], &kv, &far, 1, kv_dim, k, v), -ERANGE);
+		bad.n_heads = AT_KVH * 3 + 1;
+		assert_int_equal(be[1]->ops->attention(be[1], out, q, &kv, pos, 1, &bad), -EINVAL);
+		bad.n_heads = AT_KVH * 17;
+		assert_int_equal(be[1]->ops->attention(be[1], out, q, &kv, pos, 1, &bad), -EINVAL);
+		badkv.type = KB_Q4_1;
+		assert_int_equal(be[1]->ops->attention(be[1], out, q, &badkv, pos, 1, &sh), -ENOTSUP);
+		assert_int_equal(be[1]->ops->write_kv(be[1], &badkv, pos, 1, kv_dim, k, v), -ENOTSUP);
+		free(kvbuf);
+		free(k);
+		free(v);
+		free(kd);
+		free(vd);
+		free(q);
+		free(out);
+		free(one);
+	}
+	printf("attention: max |err| / sum w|v|: f16 cache %.3g, f32 cache %.3g\n", worst[0],
+	       worst[1]);
+	be[0]->ops->destroy(be[0]);
+	be[1]->ops->destroy(be[1]);
+	free(wts);
+}
+
+/* ---- 7. thread pool ---- */
+
+struct tp_count {
+	uint32_t *hits;		/* (n,) */
+	uint32_t n;
+	uint32_t stray;		/* task indexes >= n */
+};
+
+static void tp_count_task(void *ctx, uint32_t t)
+{
+	struct tp_count *c = ctx;
+	/* A little work first, so a run that returned early is caught before the counts land. */
+	for (volatile int spin = 0; spin < 2000; spin++)
+		;
+	if (t >= c->n) {
+		__atomic_fetch_add(&c->stray, 1, __ATOMIC_RELAXED);
+		return;
+	}
+	__atomic_fetch_add(&c->hits[t], 1, __ATOMIC_RELAXED);
+}
+
+static void tp_check(struct threadpool *tp, uint32_t n)
+{
+	uint32_t hits[1000] = { 0 };
+	struct tp_count c = { .hits = hits, .n = n };
+	threadpool_run(tp, tp_count_task, &c, n);
+	assert_int_equal(c.stray, 0);
+	for (uint32_t t = 0; t < n; t++)
+		if (hits[t] != 1)
+			fail_msg("%u threads, %u tasks: task %u ran %u times", threadpool_size(tp), n,
+				 t, hits[t]);
+}
+
+static void test_threadpool(void **state)
+{
+	(void)state;
+	static const uint32_t threads[] = { 1, 2, 4 };
+	static const uint32_t tasks[] = { 0, 1, 7, 1000 };
+	struct threadpool *tp;
+	assert_int_equal(threadpool_create(&tp, 0), -EINVAL);
+	for (size_t i = 0; i < sizeof(threads) / sizeof(threads[0]); i++) {
+		assert_int_equal(threadpool_create(&tp, threads[i]), 0);
+		assert_int_equal(threadpool_size(tp), threads[i]);
+		for (int rep = 0; rep < 3; rep++)
+			for (size_t j = 0; j < sizeof(tasks) / sizeof(tasks[0]); j++)
+				tp_check(tp, tasks[j]);
+		/* Past the spin phase the workers sleep on the futex; a run must wake them. */
+		for (int rep = 0; rep < 3; rep++) {
+			usleep(30000);
+			tp_check(tp, 7);
+		}
+		threadpool_destroy(tp);
+	}
+	/*
+	 * Back to back: a lost wake-up or a stale counter hangs here, and the
+	 * alarm turns a hang into a failure. Four threads on fewer cores spin
+	 * against each other (milliseconds a run), so they get fewer runs.
+	 */
+	alarm(60);
+	for (size_t i = 0; i < sizeof(threads) / sizeof(threads[0]); i++) {
+		long cores = sysconf(_SC_NPROCESSORS_ONLN);
+		int runs = threads[i] <= (uint32_t)cores ? 2000 : 100;
+		assert_int_equal(threadpool_create(&tp, threads[i]), 0);
+		for (int rep = 0; rep < runs; rep++)
+			tp_check(tp, (uint32_t)rep % 9);
+		threadpool_destroy(tp);
+	}
+	alarm(0);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_fp16_decode_all),
+		cmocka_unit_test(test_fp16_encode),
+		cmocka_unit_test(test_dequant_small),
+		cmocka_unit_test(test_dequant_k),
+		cmocka_unit_test(test_dequant_float),
+		cmocka_unit_test(test_qdot),
+		cmocka_unit_test(test_matmul),
+		cmocka_unit_test(test_rmsnorm),
+		cmocka_unit_test(test_swiglu),
+		cmocka_unit_test(test_fast_expf),
+		cmocka_unit_test(test_rope),
+		cmocka_unit_test(test_attention),
+		cmocka_unit_test(test_threadpool),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
