@@ -30,6 +30,7 @@ struct options {
 	uint32_t kv_blocks;
 	uint32_t kv_block_tokens;
 	uint32_t kv_type;
+	int prefix_global;
 	struct sampler_params sp;
 };
 
@@ -56,6 +57,7 @@ static void usage(FILE *f)
 		"      --kv-blocks N       KV-cache pool size in blocks (instead of --kv-mem)\n"
 		"      --kv-block-tokens N tokens per KV block, a power of two (default 16)\n"
 		"      --kv-type T         K/V element type: f16 (default), f32, q8_0\n"
+		"      --prefix-global     share cached prompt prefixes across users (default: per uid)\n"
 		"      --info              print the model's metadata and exit\n"
 		"  -h, --help\n");
 }
@@ -95,7 +97,7 @@ static int parse_size(const char *s, uint64_t *out)
 static int parse_args(int argc, char **argv, struct options *o)
 {
 	enum { O_CHAT = 256, O_SYSTEM, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_REP, O_SEED, O_CTX, O_INFO,
-	       O_KVMEM, O_KVBLOCKS, O_KVBT, O_KVTYPE };
+	       O_KVMEM, O_KVBLOCKS, O_KVBT, O_KVTYPE, O_PGLOBAL };
 	static const struct option longopts[] = {
 		{ "model", required_argument, NULL, 'm' },
 		{ "prompt", required_argument, NULL, 'p' },
@@ -115,6 +117,7 @@ static int parse_args(int argc, char **argv, struct options *o)
 		{ "kv-blocks", required_argument, NULL, O_KVBLOCKS },
 		{ "kv-block-tokens", required_argument, NULL, O_KVBT },
 		{ "kv-type", required_argument, NULL, O_KVTYPE },
+		{ "prefix-global", no_argument, NULL, O_PGLOBAL },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
@@ -124,9 +127,9 @@ static int parse_args(int argc, char **argv, struct options *o)
 	o->kv_block_tokens = 16;
 	o->kv_type = KB_F16;
 	sampler_params_default(&o->sp);
-	int c;
+	int c, li = -1;
 	double v;
-	while ((c = getopt_long(argc, argv, "m:p:n:t:h", longopts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "m:p:n:t:h", longopts, &li)) != -1) {
 		int rc = 0;
 		switch (c) {
 		case 'm': o->model = optarg; break;
@@ -143,6 +146,7 @@ static int parse_args(int argc, char **argv, struct options *o)
 		case O_SEED: rc = parse_num(optarg, 0, 18446744073709551615.0, &v); o->sp.seed = (uint64_t)v; break;
 		case O_CTX: rc = parse_num(optarg, 1, 1 << 24, &v); o->ctx = (uint32_t)v; break;
 		case O_INFO: o->info = 1; break;
+		case O_PGLOBAL: o->prefix_global = 1; break;
 		case O_KVMEM: rc = parse_size(optarg, &o->kv_mem); break;
 		case O_KVBLOCKS: rc = parse_num(optarg, 1, 1u << 30, &v); o->kv_blocks = (uint32_t)v; break;
 		case O_KVBT:
@@ -165,9 +169,13 @@ static int parse_args(int argc, char **argv, struct options *o)
 		default: return -EINVAL;
 		}
 		if (rc) {
-			fprintf(stderr, "kvd: bad value '%s' for option %s\n", optarg, argv[optind - 1]);
+			if (li >= 0)
+				fprintf(stderr, "kvd: bad value '%s' for --%s\n", optarg, longopts[li].name);
+			else
+				fprintf(stderr, "kvd: bad value '%s' for -%c\n", optarg, c);
 			return rc;
 		}
+		li = -1;
 	}
 	if (optind < argc) {
 		fprintf(stderr, "kvd: unexpected argument '%s'\n", argv[optind]);
@@ -292,7 +300,8 @@ static int generate(const struct options *o, struct model *m, struct backend *be
 		fprintf(stderr, "kvd: cannot set up generation: %s\n", strerror(-rc));
 		goto out;
 	}
-	engine_seq_init(eng, &seq, (uint32_t)getuid());
+	/* The prefix-cache namespace: the user, so one user cannot time another's prompts. */
+	engine_seq_init(eng, &seq, o->prefix_global ? 0 : (uint32_t)getuid());
 	have_seq = 1;
 
 	/* Prefill: the whole prompt, PREFILL_ROWS positions per pass; logits of the last only. */

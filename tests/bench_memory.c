@@ -1,0 +1,149 @@
+/*
+ * bench_memory.c — the memory curve of one long request (a benchmark, not a
+ * test): process RSS, KV-pool bytes in use and activation scratch, sampled
+ * after every engine step of a 2048-token prefill and 512 decode steps.
+ * Writes build/bench/memory_curve.csv and, when gnuplot is installed,
+ * build/bench/memory_curve.png.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include "daemon/engine.h"
+#include "daemon/kvpool.h"
+#include "daemon/model.h"
+#include "kernels/backend.h"
+
+#define PROMPT 2048
+#define CHUNK 512
+#define DECODE 512
+#define OUT_DIR "build/bench"
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static double rss_mib(void)
+{
+	long pages = 0, resident = 0;
+	FILE *f = fopen("/proc/self/statm", "r");
+	if (f) {
+		if (fscanf(f, "%ld %ld", &pages, &resident) != 2)
+			resident = 0;
+		fclose(f);
+	}
+	return (double)resident * (double)sysconf(_SC_PAGESIZE) / (1 << 20);
+}
+
+static void sample(FILE *csv, double t0, const char *phase, uint32_t pos, struct kvpool *pool,
+		   const struct engine *e)
+{
+	struct kvpool_stats st;
+	kvpool_get_stats(pool, &st);
+	fprintf(csv, "%.4f,%s,%u,%.3f,%.3f,%.3f\n", now_s() - t0, phase, pos, rss_mib(),
+		(double)st.bytes_used / (1 << 20), (double)engine_scratch_bytes(e) / (1 << 20));
+}
+
+static const char *plot =
+	"set terminal pngcairo size 900,480 font 'sans,10'\n"
+	"set output '" OUT_DIR "/memory_curve.png'\n"
+	"set datafile separator ','\n"
+	"set title 'kvd memory over one request: 2048-token prefill, then 512 decode steps'\n"
+	"set xlabel 'time (s)'\n"
+	"set ylabel 'MiB'\n"
+	"set key left top\n"
+	"set grid\n"
+	"plot '" OUT_DIR "/memory_curve.csv' using 1:4 with lines lw 2 title 'process RSS', \\\n"
+	"     '' using 1:5 with lines lw 2 title 'KV pool in use', \\\n"
+	"     '' using 1:6 with lines lw 2 title 'activation scratch'\n";
+
+int main(void)
+{
+	const char *path = getenv("KVD_MODEL");
+	char err[256];
+	struct model *m;
+	struct backend *be;
+	struct kvpool *pool;
+	struct engine *e;
+	if (!path || !*path)
+		path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+	if (model_load(&m, path, err, sizeof(err))) {
+		fprintf(stderr, "bench_memory: %s: %s (run `make model`)\n", path, err);
+		return 1;
+	}
+	/* The pool is reserved up front for 8192 tokens; pages are touched as blocks fill. */
+	struct kvpool_config pc = { .n_blocks = 8192 / 16, .block_tokens = 16,
+				    .n_layers = m->hp.n_layers, .kv_dim = m->hp.kv_dim,
+				    .kv_type = KB_F16 };
+	if (backend_cpu_create(&be, 2) || kvpool_create(&pool, &pc) ||
+	    engine_create(&e, m, be, pool, CHUNK)) {
+		fprintf(stderr, "bench_memory: setup failed\n");
+		return 1;
+	}
+	mkdir("build", 0755);
+	mkdir(OUT_DIR, 0755);
+	FILE *csv = fopen(OUT_DIR "/memory_curve.csv", "w");
+	if (!csv) {
+		perror(OUT_DIR "/memory_curve.csv");
+		return 1;
+	}
+	fprintf(csv, "seconds,phase,position,rss_mib,kv_used_mib,scratch_mib\n");
+	float *logits = malloc((size_t)m->hp.vocab * sizeof(float));
+	struct engine_row *rows = calloc(CHUNK, sizeof(*rows));
+	struct engine_seq s;
+	engine_seq_init(e, &s, 0);
+	uint64_t x = 1;
+	double t0 = now_s();
+	sample(csv, t0, "start", 0, pool, e);
+	for (uint32_t p = 0; p < PROMPT; p += CHUNK) {
+		for (uint32_t i = 0; i < CHUNK; i++) {
+			x = x * 6364136223846793005ull + 1442695040888963407ull;
+			rows[i] = (struct engine_row){ &s, p + i, (uint32_t)(x >> 33) % m->hp.vocab,
+						       p + i == PROMPT - 1 };
+		}
+		if (engine_forward(e, rows, CHUNK, logits))
+			return 1;
+		sample(csv, t0, "prefill", p + CHUNK, pool, e);
+	}
+	uint32_t tok = 0;
+	for (uint32_t i = 0; i < DECODE; i++) {
+		for (uint32_t v = 1; v < m->hp.vocab; v++)
+			tok = logits[v] > logits[tok] ? v : tok;
+		struct engine_row r = { &s, PROMPT + i, tok, 1 };
+		if (engine_forward(e, &r, 1, logits))
+			return 1;
+		sample(csv, t0, "decode", PROMPT + i + 1, pool, e);
+	}
+	fclose(csv);
+	struct kvpool_stats st;
+	kvpool_get_stats(pool, &st);
+	printf("memory curve: %s/memory_curve.csv (%u prefill + %u decode positions)\n", OUT_DIR,
+	       PROMPT, DECODE);
+	printf("| measure                         | MiB     |\n|---------------------------------|---------|\n");
+	printf("| KV pool reserved                | %7.1f |\n", (double)st.bytes_total / (1 << 20));
+	printf("| KV pool in use at the end       | %7.1f |\n", (double)st.bytes_used / (1 << 20));
+	printf("| KV per token (KiB)              | %7.1f |\n",
+	       (double)kvpool_token_bytes(pc.kv_type, pc.n_layers, pc.kv_dim) / 1024);
+	printf("| scratch after decode            | %7.3f |\n", (double)engine_scratch_bytes(e) / (1 << 20));
+	FILE *gp = popen("gnuplot 2>/dev/null", "w");
+	if (gp) {
+		fputs(plot, gp);
+		if (pclose(gp) == 0)
+			printf("plot: %s/memory_curve.png\n", OUT_DIR);
+		else
+			printf("plot: gnuplot failed or is missing (make deps installs it)\n");
+	}
+	engine_seq_release(e, &s);
+	free(rows);
+	free(logits);
+	engine_destroy(e);
+	kvpool_destroy(pool);
+	be->ops->destroy(be);
+	model_free(m);
+	return 0;
+}
