@@ -15,7 +15,7 @@ MODEL    := $(MODEL_DIR)/SmolLM2-135M-Instruct.Q4_1.gguf
 CFLAGS   ?= -O2 -g
 CFLAGS   += -std=gnu11 -Wall -Wextra -fPIC -pthread -D_GNU_SOURCE -ffp-contract=off
 CPPFLAGS += -I. -MMD -MP
-LDLIBS   += -lm -pthread -lxxhash
+LDLIBS   += -lm -pthread -lxxhash -luring
 ifeq ($(WERROR),1)
 CFLAGS   += -Werror
 endif

@@ -1,6 +1,8 @@
-/* main.c — kvd's entry point: for now the in-process run (--prompt) and model inspection (--info). */
+/* main.c — kvd's entry point: the daemon, the in-process run (--prompt) and model inspection (--info). */
 #include <errno.h>
 #include <getopt.h>
+#include <grp.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +11,8 @@
 #include "daemon/engine.h"
 #include "daemon/gguf.h"
 #include "daemon/kvpool.h"
+#include "daemon/log.h"
+#include "daemon/server.h"
 #include "daemon/model.h"
 #include "daemon/sampler.h"
 #include "daemon/tokenizer.h"
@@ -32,14 +36,30 @@ struct options {
 	uint32_t kv_type;
 	int prefix_global;
 	struct sampler_params sp;
+	struct server_config srv;
+	const char *socket_group;
 };
 
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: kvd [--model PATH] --prompt TEXT [options]\n"
+		"usage: kvd [--model PATH] [daemon options]      serve clients on a socket\n"
+		"       kvd [--model PATH] --prompt TEXT [options]  generate in-process and exit\n"
 		"       kvd [--model PATH] --info\n"
 		"\n"
+		"daemon:\n"
+		"      --socket PATH       endpoint (default /run/kvd/kvd.sock as root, else\n"
+		"                          $XDG_RUNTIME_DIR/kvd.sock)\n"
+		"      --socket-group NAME group that may connect (the socket is mode 0660)\n"
+		"      --max-sessions N    sessions per connection (default 16)\n"
+		"      --max-slots N       sequence slots per session (default 8)\n"
+		"      --max-tokens N      prompt plus generated tokens per request (default 8192)\n"
+		"      --max-inflight N    requests in flight per connection (default 256)\n"
+		"      --max-batch-tokens N rows per engine step (default 512)\n"
+		"      --drain-timeout MS  on SIGTERM, finish in-flight work for at most MS (default 5000)\n"
+		"      --log-level L       err, warning, notice (default), info, debug\n"
+		"\n"
+		"generation and model:\n"
 		"  -m, --model PATH        GGUF model (default $KVD_MODEL or " DEFAULT_MODEL ")\n"
 		"  -p, --prompt TEXT       generate a continuation of TEXT and exit\n"
 		"  -n, --n-predict N       tokens to generate (default 128)\n"
@@ -97,7 +117,8 @@ static int parse_size(const char *s, uint64_t *out)
 static int parse_args(int argc, char **argv, struct options *o)
 {
 	enum { O_CHAT = 256, O_SYSTEM, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_REP, O_SEED, O_CTX, O_INFO,
-	       O_KVMEM, O_KVBLOCKS, O_KVBT, O_KVTYPE, O_PGLOBAL };
+	       O_KVMEM, O_KVBLOCKS, O_KVBT, O_KVTYPE, O_PGLOBAL, O_SOCKET, O_SGROUP, O_MAXSESS,
+	       O_MAXSLOTS, O_MAXTOK, O_MAXINF, O_MAXBATCH, O_DRAIN, O_LOGLEVEL };
 	static const struct option longopts[] = {
 		{ "model", required_argument, NULL, 'm' },
 		{ "prompt", required_argument, NULL, 'p' },
@@ -118,6 +139,15 @@ static int parse_args(int argc, char **argv, struct options *o)
 		{ "kv-block-tokens", required_argument, NULL, O_KVBT },
 		{ "kv-type", required_argument, NULL, O_KVTYPE },
 		{ "prefix-global", no_argument, NULL, O_PGLOBAL },
+		{ "socket", required_argument, NULL, O_SOCKET },
+		{ "socket-group", required_argument, NULL, O_SGROUP },
+		{ "max-sessions", required_argument, NULL, O_MAXSESS },
+		{ "max-slots", required_argument, NULL, O_MAXSLOTS },
+		{ "max-tokens", required_argument, NULL, O_MAXTOK },
+		{ "max-inflight", required_argument, NULL, O_MAXINF },
+		{ "max-batch-tokens", required_argument, NULL, O_MAXBATCH },
+		{ "drain-timeout", required_argument, NULL, O_DRAIN },
+		{ "log-level", required_argument, NULL, O_LOGLEVEL },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
@@ -126,6 +156,11 @@ static int parse_args(int argc, char **argv, struct options *o)
 	o->n_predict = 128;
 	o->kv_block_tokens = 16;
 	o->kv_type = KB_F16;
+	o->srv = (struct server_config){
+		.socket_gid = (gid_t)-1, .max_sessions = 16, .max_slots = 8, .max_tokens = 8192,
+		.max_inflight = 256, .sq_entries = 64, .cq_entries = 256, .arena_bytes = 1 << 20,
+		.max_arena_bytes = 64 << 20, .max_batch_rows = 512, .drain_timeout_ms = 5000,
+	};
 	sampler_params_default(&o->sp);
 	int c, li = -1;
 	double v;
@@ -147,6 +182,19 @@ static int parse_args(int argc, char **argv, struct options *o)
 		case O_CTX: rc = parse_num(optarg, 1, 1 << 24, &v); o->ctx = (uint32_t)v; break;
 		case O_INFO: o->info = 1; break;
 		case O_PGLOBAL: o->prefix_global = 1; break;
+		case O_SOCKET: o->srv.socket_path = optarg; break;
+		case O_SGROUP: o->socket_group = optarg; break;
+		case O_MAXSESS: rc = parse_num(optarg, 1, SRV_MAX_SESSIONS, &v); o->srv.max_sessions = (uint32_t)v; break;
+		case O_MAXSLOTS: rc = parse_num(optarg, 1, SRV_MAX_SLOTS, &v); o->srv.max_slots = (uint32_t)v; break;
+		case O_MAXTOK: rc = parse_num(optarg, 1, 1 << 24, &v); o->srv.max_tokens = (uint32_t)v; break;
+		case O_MAXINF: rc = parse_num(optarg, 1, 1 << 20, &v); o->srv.max_inflight = (uint32_t)v; break;
+		case O_MAXBATCH: rc = parse_num(optarg, 1, 1 << 16, &v); o->srv.max_batch_rows = (uint32_t)v; break;
+		case O_DRAIN: rc = parse_num(optarg, 0, 3600000, &v); o->srv.drain_timeout_ms = (uint32_t)v; break;
+		case O_LOGLEVEL:
+			rc = log_level_parse(optarg) < 0 ? -EINVAL : 0;
+			if (!rc)
+				log_set_level(log_level_parse(optarg));
+			break;
 		case O_KVMEM: rc = parse_size(optarg, &o->kv_mem); break;
 		case O_KVBLOCKS: rc = parse_num(optarg, 1, 1u << 30, &v); o->kv_blocks = (uint32_t)v; break;
 		case O_KVBT:
@@ -181,10 +229,15 @@ static int parse_args(int argc, char **argv, struct options *o)
 		fprintf(stderr, "kvd: unexpected argument '%s'\n", argv[optind]);
 		return -EINVAL;
 	}
-	if (!o->prompt && !o->info) {
-		fprintf(stderr, "kvd: nothing to do: give --prompt TEXT or --info (the daemon mode is not built yet)\n");
-		return -EINVAL;
+	if (o->socket_group) {
+		struct group *g = getgrnam(o->socket_group);
+		if (!g) {
+			fprintf(stderr, "kvd: unknown group '%s'\n", o->socket_group);
+			return -EINVAL;
+		}
+		o->srv.socket_gid = g->gr_gid;
 	}
+	o->srv.prefix_global = o->prefix_global;
 	return 0;
 }
 
@@ -361,6 +414,44 @@ out:
 	return rc;
 }
 
+/* The default endpoint: /run/kvd/kvd.sock for root, the user's runtime dir otherwise. */
+static const char *default_socket(char *buf, size_t len)
+{
+	if (geteuid() == 0) {
+		mkdir("/run/kvd", 0755);
+		return "/run/kvd/kvd.sock";
+	}
+	const char *xdg = getenv("XDG_RUNTIME_DIR");
+	if (xdg && *xdg)
+		snprintf(buf, len, "%s/kvd.sock", xdg);
+	else
+		snprintf(buf, len, "/run/user/%u/kvd.sock", (unsigned)getuid());
+	return buf;
+}
+
+static int serve(struct options *o, struct model *m, struct backend *be, struct kvpool *pool)
+{
+	char err[256], path[256];
+	struct tokenizer *tok;
+	struct server *srv;
+	int rc = tokenizer_create(&tok, m->gguf, err, sizeof(err));
+	if (rc) {
+		log_msg(LOG_ERR, "tokenizer: %s", err);
+		return rc;
+	}
+	if (!o->srv.socket_path)
+		o->srv.socket_path = default_socket(path, sizeof(path));
+	rc = server_create(&srv, &o->srv, m, tok, be, pool);
+	if (!rc) {
+		log_msg(LOG_NOTICE, "model %s, %s backend (%u threads, %s kernels)", m->hp.name,
+			be->ops->name, be->n_threads, "cpu");
+		rc = server_run(srv);
+		server_destroy(srv);
+	}
+	tokenizer_destroy(tok);
+	return rc;
+}
+
 /* The KV pool, reserved once: --kv-blocks, else --kv-mem, else 64k tokens. */
 static int make_pool(const struct options *o, const struct model *m, struct kvpool **out)
 {
@@ -425,7 +516,10 @@ int main(int argc, char **argv)
 		model_free(m);
 		return 1;
 	}
-	rc = generate(&o, m, be, pool);
+	if (o.prompt)
+		rc = generate(&o, m, be, pool);
+	else
+		rc = serve(&o, m, be, pool);
 	kvpool_destroy(pool);
 	be->ops->destroy(be);
 	model_free(m);

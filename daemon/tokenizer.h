@@ -106,4 +106,13 @@ struct chat_msg {
 int tokenizer_chat_format(const struct tokenizer *t, const struct chat_msg *msgs,
 			  size_t n, int add_assistant, char *out, size_t cap);
 
+/*
+ * The text of the next user turn of a conversation whose last assistant
+ * turn ended with its end-of-turn token (already in the context): the
+ * turn itself and the opening of the assistant's answer, no system prompt.
+ * Same return convention as tokenizer_chat_format().
+ */
+int tokenizer_chat_next_turn(const struct tokenizer *t, const char *content, char *out,
+			     size_t cap);
+
 #endif

@@ -202,3 +202,33 @@ int tokenizer_chat_format(const struct tokenizer *t, const struct chat_msg *msgs
 		b.p[b.n < b.cap ? b.n : b.cap - 1] = 0;
 	return b.n > INT_MAX ? -EOVERFLOW : (int)b.n;
 }
+
+int tokenizer_chat_next_turn(const struct tokenizer *t, const char *content, char *out, size_t cap)
+{
+	struct sbuf b = { out, out ? cap : 0, 0 };
+
+	if (!content)
+		return -EINVAL;
+	switch (t->chat) {
+	case CHAT_CHATML:
+		puts_(&b, "\n<|im_start|>user\n");
+		puts_(&b, content);
+		puts_(&b, "<|im_end|>\n<|im_start|>assistant\n");
+		break;
+	case CHAT_LLAMA3:
+		puts_(&b, "<|start_header_id|>user<|end_header_id|>\n\n");
+		put_trimmed(&b, content);
+		puts_(&b, "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
+		break;
+	case CHAT_LLAMA2:
+		puts_(&b, "<s>[INST] ");
+		put_trimmed(&b, content);
+		puts_(&b, " [/INST]");
+		break;
+	default:
+		return -ENOTSUP;
+	}
+	if (b.cap)
+		b.p[b.n < b.cap ? b.n : b.cap - 1] = 0;
+	return b.n > INT_MAX ? -EOVERFLOW : (int)b.n;
+}

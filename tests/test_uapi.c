@@ -37,7 +37,17 @@ PIN(struct kvd_hello_rep, kv_block_tokens, 68);
 PIN(struct kvd_hello_rep, kv_blocks_total, 72);
 PIN(struct kvd_hello_rep, model_name, 80);
 PIN(struct kvd_hello_rep, backend, 144);
-PIN(struct kvd_hello_rep, resv, 160);
+PIN(struct kvd_hello_rep, flags, 160);
+PIN(struct kvd_hello_rep, vocab_bytes, 164);
+PIN(struct kvd_hello_rep, max_tokens, 168);
+PIN(struct kvd_hello_rep, max_slots, 172);
+PIN(struct kvd_hello_rep, resv, 176);
+_Static_assert(sizeof(struct kvd_vocab_hdr) == 64, "vocab hdr size");
+PIN(struct kvd_vocab_hdr, n_tokens, 4);
+PIN(struct kvd_vocab_hdr, offsets_off, 8);
+PIN(struct kvd_vocab_hdr, bytes_off, 16);
+PIN(struct kvd_vocab_hdr, bytes_len, 24);
+PIN(struct kvd_vocab_hdr, flags_off, 32);
 
 _Static_assert(sizeof(struct kvd_session_open_req) == 56, "open req size");
 PIN(struct kvd_session_open_req, sq_entries, 24);
@@ -118,15 +128,17 @@ static void test_constants(void **state)
 {
 	(void)state;
 	assert_memory_equal(&(uint32_t){KVD_MAGIC}, "KVD1", 4);
+	assert_memory_equal(&(uint32_t){KVD_VOCAB_MAGIC}, "KVDV", 4);
 	assert_int_equal(KVD_ABI_VERSION, 1);
-	assert_int_equal(KVD_FEAT_ALL, 0x1f);
+	assert_int_equal(KVD_FEAT_ALL, 0x7f);
 	assert_int_equal(KVD_MSG_LAST, 6);
-	assert_int_equal(KVD_OP_LAST, 5);
+	assert_int_equal(KVD_OP_LAST, 6);
 	/* Flags are distinct single bits. */
 	uint32_t cqe = KVD_CQE_MORE | KVD_CQE_EOS | KVD_CQE_LENGTH | KVD_CQE_CANCELLED |
 		       KVD_CQE_PREFIX_HIT;
 	assert_int_equal(__builtin_popcount(cqe), 5);
-	assert_int_equal(KVD_SQE_FLAGS_ALL, KVD_SQE_APPEND | KVD_SQE_STREAM | KVD_SQE_IGNORE_EOS);
+	assert_int_equal(KVD_SQE_FLAGS_ALL, KVD_SQE_APPEND | KVD_SQE_STREAM | KVD_SQE_IGNORE_EOS |
+						 KVD_SQE_TEXT | KVD_SQE_CHAT);
 	assert_int_equal(kvc_abi_version(), KVD_ABI_VERSION);
 }
 

@@ -37,7 +37,9 @@
 #define KVD_FEAT_PREFIX_CACHE  (1U << 2) /* prompts sharing a prefix reuse KV blocks */
 #define KVD_FEAT_PRIORITY      (1U << 3) /* kvd_sqe.priority is honoured */
 #define KVD_FEAT_SAMPLING      (1U << 4) /* temperature/top-k/top-p/min-p/penalty */
-#define KVD_FEAT_ALL           ((1U << 5) - 1)
+#define KVD_FEAT_VOCAB         (1U << 5) /* HELLO reply passes the vocabulary memfd */
+#define KVD_FEAT_TEXT          (1U << 6) /* KVD_SQE_TEXT / KVD_SQE_CHAT prompts */
+#define KVD_FEAT_ALL           ((1U << 7) - 1)
 
 /* ------------------------------------------------------------------------ */
 /* Control messages: one per SOCK_SEQPACKET datagram, requests and replies. */
@@ -88,8 +90,34 @@ struct kvd_hello_rep {
 	__u64	kv_blocks_total; /* blocks in the daemon's pool */
 	char	model_name[64];	/* NUL-terminated, from general.name */
 	char	backend[16];	/* "cpu" or "cuda", NUL-terminated */
-	__u64	resv[4];	/* zero */
+	__u32	flags;		/* KVD_HELLOF_* */
+	__u32	vocab_bytes;	/* size of the vocabulary memfd, 0 if none */
+	__u32	max_tokens;	/* per request: prompt plus generated */
+	__u32	max_slots;	/* sequence slots per session */
+	__u64	resv[2];	/* zero */
 };
+
+#define KVD_HELLOF_VOCAB (1U << 0) /* this reply carries one fd: the vocabulary memfd */
+
+/*
+ * The vocabulary memfd (sealed, read-only; mmap it PROT_READ, MAP_SHARED):
+ * the header, then offsets (n_tokens + 1,) __u32 into the bytes area, then
+ * the bytes: token i's text is bytes[offsets[i], offsets[i + 1]) (the raw
+ * bytes it stands for; empty for control tokens), and flags (n_tokens,) __u8.
+ */
+struct kvd_vocab_hdr {
+	__u32	magic;		/* KVD_VOCAB_MAGIC */
+	__u32	n_tokens;
+	__u64	offsets_off;	/* byte offset of offsets[] from the start */
+	__u64	bytes_off;	/* byte offset of the bytes area */
+	__u64	bytes_len;
+	__u64	flags_off;	/* byte offset of flags[] */
+	__u64	resv[3];	/* zero */
+};
+
+#define KVD_VOCAB_MAGIC	0x5644564bU /* "KVDV" */
+#define KVD_TOKF_CONTROL (1U << 0) /* a control token (BOS, EOS, <|im_start|>, ...) */
+#define KVD_TOKF_EOG	 (1U << 1) /* ends generation */
 
 struct kvd_session_open_req {
 	struct kvd_msg_hdr hdr;
@@ -101,6 +129,13 @@ struct kvd_session_open_req {
 };
 
 /*
+ * The shared region of a connection (one per connection, shared by its
+ * sessions), at the offsets the reply gives: the SQ ring header, the CQ ring
+ * header, sq_entries SQEs, cq_entries CQEs, then the token arena. Every part
+ * starts on a 64-byte boundary. The client writes only SQ tail, SQEs, CQ
+ * head, CQ flags and the arena; the daemon writes SQ head, SQ flags, CQ
+ * tail, CQEs, CQ overflow and the output areas named by SQEs.
+ *
  * Reply to SESSION_OPEN. On the first open of a connection the daemon sends,
  * as SCM_RIGHTS with this reply, three fds in this order: the sealed memfd
  * holding the region (rings and arena), the kick eventfd (client -> daemon)
@@ -178,12 +213,49 @@ struct kvd_ring_hdr {
 /* ------------------------------------------------------------------------ */
 /* Submission and completion entries.                                       */
 
+/*
+ * Requests. Each session has max_slots sequence slots; slot names one. A
+ * slot's requests run in submission order; different slots (and sessions,
+ * and connections) run together, batched in the same engine steps.
+ *
+ * PREFILL   puts the prompt into the slot's KV cache (without APPEND the
+ *           slot is reset first). One CQE: res = positions now cached.
+ * DECODE    samples up to max_tokens tokens continuing the slot's sequence,
+ *           writing token i as a __u32 at out_off + 4 * i in the arena.
+ * GENERATE  PREFILL then DECODE as one request.
+ * CANCEL    ends the request whose user_data is target_user_data on this
+ *           connection: that request's final CQE has KVD_CQE_CANCELLED and
+ *           res = tokens produced so far; the CANCEL's own CQE has res 0, or
+ *           -ENOENT if no such request is in flight.
+ * RESET     forgets the slot's sequence and returns its KV blocks; res 0.
+ *
+ * DECODE and GENERATE post one final CQE (no KVD_CQE_MORE): res = tokens
+ * produced, flags EOS (an end-of-generation token was sampled; it is
+ * written and counted), LENGTH (max_tokens or the context length reached)
+ * or CANCELLED; with KVD_SQE_STREAM a CQE with KVD_CQE_MORE precedes it
+ * for every token (token = the id, n_out = tokens written so far). The
+ * last sampled token is not yet in the KV cache; a later APPEND or DECODE
+ * on the slot feeds it first. An invalid SQE completes at once with res
+ * -errno (see Conventions) and changes nothing.
+ *
+ * Sampling: temperature_milli 0 is greedy; top_k 0, top_p_e4 0 or 10000,
+ * min_p_e4 0, repeat_penalty_milli 0 or 1000 are off; repeat_last_n 0
+ * means 64. The same seed and inputs give the same tokens, alone or
+ * batched with any other work.
+ *
+ * Wake-ups: the daemon sets KVD_RING_NEED_WAKEUP in the SQ header before it
+ * sleeps; a client that sees it after publishing its tail writes the kick
+ * eventfd. A client sets KVD_RING_NEED_WAKEUP in the CQ header before it
+ * sleeps on the call eventfd (then looks at the CQ once more); the daemon
+ * writes the call eventfd at most once per engine step when it is set.
+ */
 enum kvd_op {
 	KVD_OP_NOP = 0,		/* completes at once with res 0 */
 	KVD_OP_PREFILL = 1,	/* run the prompt into slot's KV cache; res = positions cached */
 	KVD_OP_DECODE = 2,	/* sample up to max_tokens continuing slot's sequence */
 	KVD_OP_GENERATE = 3,	/* PREFILL then DECODE as one request */
 	KVD_OP_CANCEL = 4,	/* cancel the request whose user_data is target_user_data */
+	KVD_OP_RESET = 5,	/* forget slot's sequence, returning its KV blocks */
 	KVD_OP_LAST
 };
 
@@ -191,7 +263,11 @@ enum kvd_op {
 #define KVD_SQE_APPEND		(1U << 0) /* PREFILL/GENERATE: extend slot's sequence, do not reset it */
 #define KVD_SQE_STREAM		(1U << 1) /* post a CQE with KVD_CQE_MORE per token */
 #define KVD_SQE_IGNORE_EOS	(1U << 2) /* keep going past end-of-sequence tokens */
-#define KVD_SQE_FLAGS_ALL	((1U << 3) - 1)
+#define KVD_SQE_TEXT		(1U << 3) /* the prompt is n_tokens bytes of UTF-8 text at tokens_off,
+					   * tokenized by the daemon (special tokens parsed) */
+#define KVD_SQE_CHAT		(1U << 4) /* with TEXT: a user turn, rendered with the model's
+					   * chat template (the whole prompt, or the next turn with APPEND) */
+#define KVD_SQE_FLAGS_ALL	((1U << 5) - 1)
 
 /* kvd_sqe.priority */
 #define KVD_PRIO_INTERACTIVE	0

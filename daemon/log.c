@@ -1,0 +1,53 @@
+/* log.c — stderr logging that journald understands (sd-daemon(3) <N> prefixes). */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include "daemon/log.h"
+
+static int max_level = LOG_NOTICE;
+static int journal = -1;
+
+/* stderr is the journal when $JOURNAL_STREAM names its device and inode. */
+static int stderr_is_journal(void)
+{
+	const char *js = getenv("JOURNAL_STREAM");
+	unsigned long dev, ino;
+	struct stat st;
+	if (!js || sscanf(js, "%lu:%lu", &dev, &ino) != 2 || fstat(2, &st))
+		return 0;
+	return st.st_dev == dev && st.st_ino == ino;
+}
+
+void log_set_level(int level)
+{
+	max_level = level;
+}
+
+int log_level_parse(const char *name)
+{
+	static const char *const names[] = { "emerg", "alert", "crit", "err", "warning",
+					     "notice", "info", "debug" };
+	for (int i = 0; i < 8; i++)
+		if (!strcmp(name, names[i]))
+			return i;
+	return -1;
+}
+
+void log_msg(int level, const char *fmt, ...)
+{
+	if (level > max_level)
+		return;
+	if (journal < 0)
+		journal = stderr_is_journal();
+	char line[1024];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(line, sizeof(line), fmt, ap);
+	va_end(ap);
+	if (journal)
+		fprintf(stderr, "<%d>%s\n", level, line);
+	else
+		fprintf(stderr, "kvd: %s\n", line);
+}

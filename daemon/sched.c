@@ -1,0 +1,711 @@
+/*
+ * sched.c — the data plane on the engine thread: SQEs copied out of the
+ * rings and checked, requests queued per sequence slot, every step one
+ * batch of decode rows and prefill chunks, completions posted to the CQs.
+ * Everything but the forward pass itself runs under srv->lock.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include "daemon/log.h"
+#include "daemon/model.h"
+#include "daemon/sampler.h"
+#include "daemon/server.h"
+#include "daemon/tokenizer.h"
+#include "shm/kvring.h"
+
+/* ---- completions ---- */
+
+static int cq_push(struct conn *c, const struct kvd_cqe *cqe)
+{
+	/* Acquire pairs with the client's release of head: its slots are free to reuse. */
+	uint32_t head = kvring_load_head(c->cq);
+	if (c->cq_tail - head >= c->cq_entries)
+		return -ENOSPC;
+	c->cqes[c->cq_tail & (c->cq_entries - 1)] = *cqe;
+	c->cq_tail++;
+	/* Release pairs with the client's acquire of tail: the entry (and tokens) are visible. */
+	kvring_publish(c->cq, c->cq_tail);
+	c->posted = 1;
+	return 0;
+}
+
+void sched_post(struct conn *c, const struct kvd_cqe *cqe)
+{
+	if (c->dead || !c->region)
+		return;
+	if (!c->ovf_head && !cq_push(c, cqe))
+		return;
+	/* A full CQ loses nothing: completions wait here in order, like io_uring's overflow list. */
+	struct cqe_node *n = malloc(sizeof(*n));
+	if (!n) {
+		log_msg(LOG_ERR, "out of memory holding a completion for pid %d", (int)c->pid);
+		return;
+	}
+	n->next = NULL;
+	n->cqe = *cqe;
+	if (c->ovf_tail)
+		c->ovf_tail->next = n;
+	else
+		c->ovf_head = n;
+	c->ovf_tail = n;
+	c->n_ovf++;
+	__atomic_store_n(&c->cq->overflow, c->n_ovf, __ATOMIC_RELAXED);
+	__atomic_fetch_or(&c->cq->flags, KVD_RING_CQ_OVERFLOW, __ATOMIC_RELEASE);
+}
+
+static void flush_overflow(struct conn *c)
+{
+	while (c->ovf_head && !cq_push(c, &c->ovf_head->cqe)) {
+		struct cqe_node *n = c->ovf_head;
+		c->ovf_head = n->next;
+		if (!c->ovf_head)
+			c->ovf_tail = NULL;
+		free(n);
+		c->n_ovf--;
+	}
+	if (c->region) {
+		__atomic_store_n(&c->cq->overflow, c->n_ovf, __ATOMIC_RELAXED);
+		if (!c->n_ovf)
+			__atomic_fetch_and(&c->cq->flags, ~KVD_RING_CQ_OVERFLOW, __ATOMIC_RELEASE);
+	}
+}
+
+static void post(struct conn *c, uint64_t user_data, int32_t res, uint32_t flags, uint32_t token,
+		 uint32_t n_out, uint32_t slot)
+{
+	struct kvd_cqe cqe = { .user_data = user_data, .res = res, .flags = flags,
+			       .token = token, .n_out = n_out, .slot = slot };
+	sched_post(c, &cqe);
+}
+
+void sched_kick_reaper(struct server *srv)
+{
+	uint64_t one = 1;
+	if (write(srv->reap_fd, &one, sizeof(one)) < 0)
+		log_msg(LOG_WARNING, "reap eventfd: write failed");
+}
+
+/* ---- slots and requests ---- */
+
+static void slot_reset(struct server *srv, struct slot *sl)
+{
+	if (sl->live)
+		engine_seq_release(srv->eng, &sl->seq);
+	sl->live = 0;
+	sl->has_logits = 0;
+	sl->has_pending = 0;
+}
+
+static void req_free(struct request *r)
+{
+	sampler_destroy(r->smp);
+	free(r->prompt);
+	free(r);
+}
+
+/* Pop r (the head of its slot) and post its final completion. */
+static void req_finish(struct server *srv, struct request *r, int32_t res, uint32_t flags)
+{
+	struct slot *sl = &r->s->slots[r->slot];
+	sl->head = r->next;
+	if (!sl->head)
+		sl->tail = NULL;
+	post(r->c, r->sqe.user_data, res, flags, r->last, r->n_out, r->slot);
+	r->c->inflight--;
+	srv->n_requests++;
+	req_free(r);
+}
+
+/* Cancel every request of a session and give back its sequences; notify: post completions. */
+static void session_release(struct server *srv, struct conn *c, struct session *s, int notify)
+{
+	for (uint32_t i = 0; i < srv->cfg.max_slots; i++) {
+		struct slot *sl = &s->slots[i];
+		while (sl->head) {
+			struct request *r = sl->head;
+			if (notify) {
+				req_finish(srv, r, (int32_t)r->n_out, KVD_CQE_CANCELLED);
+			} else {
+				sl->head = r->next;
+				c->inflight--;
+				req_free(r);
+			}
+		}
+		sl->tail = NULL;
+		slot_reset(srv, sl);
+		free(sl->logits);
+		sl->logits = NULL;
+	}
+}
+
+static void conn_release(struct server *srv, struct conn *c)
+{
+	for (uint32_t i = 0; i < SRV_MAX_SESSIONS; i++)
+		if (c->sessions[i])
+			session_release(srv, c, c->sessions[i], 0);
+	c->released = 1;
+	sched_kick_reaper(srv);
+}
+
+/* ---- admission: one SQE, copied out of shared memory, checked, queued ---- */
+
+static int range_ok(const struct conn *c, uint32_t off, uint64_t bytes, uint32_t align)
+{
+	return off % align == 0 && (uint64_t)off + bytes <= c->arena_bytes;
+}
+
+static struct session *sqe_session(struct conn *c, uint32_t id)
+{
+	if ((id & 0xff) >= SRV_MAX_SESSIONS)
+		return NULL;
+	struct session *s = c->sessions[id & 0xff];
+	return s && s->id == id && !s->closing ? s : NULL;
+}
+
+/* Text prompts are tokenized here, once; TEXT|CHAT wraps them in the chat template. */
+static int text_prompt(struct server *srv, struct conn *c, const struct kvd_sqe *q,
+		       uint32_t **out, uint32_t *n)
+{
+	size_t len = q->n_tokens;
+	char *text = malloc(len + 1);
+	if (!text)
+		return -ENOMEM;
+	memcpy(text, c->arena + q->tokens_off, len);
+	text[len] = 0;
+	if (memchr(text, 0, len)) {
+		free(text);
+		return -EINVAL;
+	}
+	if (q->flags & KVD_SQE_CHAT) {
+		int need;
+		if (q->flags & KVD_SQE_APPEND)
+			need = tokenizer_chat_next_turn(srv->tok, text, NULL, 0);
+		else
+			need = tokenizer_chat_format(srv->tok, &(struct chat_msg){ "user", text }, 1, 1,
+						     NULL, 0);
+		char *chat = need >= 0 ? malloc((size_t)need + 1) : NULL;
+		if (!chat) {
+			free(text);
+			return need < 0 ? need : -ENOMEM;
+		}
+		if (q->flags & KVD_SQE_APPEND)
+			tokenizer_chat_next_turn(srv->tok, text, chat, (size_t)need + 1);
+		else
+			tokenizer_chat_format(srv->tok, &(struct chat_msg){ "user", text }, 1, 1, chat,
+					      (size_t)need + 1);
+		free(text);
+		text = chat;
+		len = (size_t)need;
+	}
+	int add_bos = !(q->flags & KVD_SQE_APPEND) && tokenizer_add_bos(srv->tok);
+	int cnt = tokenizer_encode(srv->tok, text, len, add_bos, 1, NULL, 0);
+	uint32_t *ids = cnt > 0 ? malloc((size_t)cnt * sizeof(uint32_t)) : NULL;
+	if (cnt <= 0 || !ids) {
+		free(text);
+		free(ids);
+		return cnt < 0 ? cnt : cnt == 0 ? -EINVAL : -ENOMEM;
+	}
+	tokenizer_encode(srv->tok, text, len, add_bos, 1, ids, (size_t)cnt);
+	free(text);
+	*out = ids;
+	*n = (uint32_t)cnt;
+	return 0;
+}
+
+static int sampler_from_sqe(const struct kvd_sqe *q, uint32_t vocab, struct sampler **out)
+{
+	struct sampler_params p;
+	sampler_params_default(&p);
+	p.temperature = (float)q->temperature_milli / 1000.0f;
+	p.top_k = q->top_k;
+	p.top_p = q->top_p_e4 ? (float)q->top_p_e4 / 10000.0f : 1.0f;
+	p.min_p = (float)q->min_p_e4 / 10000.0f;
+	p.repeat_penalty = q->repeat_penalty_milli ? (float)q->repeat_penalty_milli / 1000.0f : 1.0f;
+	p.repeat_last_n = q->repeat_last_n ? q->repeat_last_n : 64;
+	p.seed = q->seed;
+	return sampler_create(out, &p, vocab);
+}
+
+static void cancel(struct server *srv, struct conn *c, const struct kvd_sqe *q)
+{
+	for (uint32_t i = 0; i < SRV_MAX_SESSIONS; i++) {
+		struct session *s = c->sessions[i];
+		for (uint32_t k = 0; s && k < srv->cfg.max_slots; k++)
+			for (struct request *r = s->slots[k].head; r; r = r->next)
+				if (r->sqe.user_data == q->target_user_data && !r->cancelled) {
+					r->cancelled = 1;
+					post(c, q->user_data, 0, 0, 0, 0, q->slot);
+					return;
+				}
+	}
+	post(c, q->user_data, -ENOENT, 0, 0, 0, q->slot);
+}
+
+/* Returns 0 when q is queued (or handled), else -errno for its error completion. */
+static int admit(struct server *srv, struct conn *c, const struct kvd_sqe *q)
+{
+	const uint32_t vocab = srv->m->hp.vocab;
+	if (q->opcode >= KVD_OP_LAST || (q->flags & ~KVD_SQE_FLAGS_ALL) ||
+	    q->priority > KVD_PRIO_BACKGROUND)
+		return -EINVAL;
+	if (srv->stopping)
+		return -ESHUTDOWN;
+	if (q->opcode == KVD_OP_NOP)
+		return 1;
+	struct session *s = sqe_session(c, q->session_id);
+	if (!s)
+		return -ENOENT;
+	if (q->slot >= srv->cfg.max_slots)
+		return -EINVAL;
+	if (q->opcode == KVD_OP_CANCEL) {
+		cancel(srv, c, q);
+		return 1;
+	}
+	if (q->target_user_data)
+		return -EINVAL;
+	int has_prompt = q->opcode == KVD_OP_PREFILL || q->opcode == KVD_OP_GENERATE;
+	int has_out = q->opcode == KVD_OP_DECODE || q->opcode == KVD_OP_GENERATE;
+	if ((!has_prompt && (q->tokens_off || q->n_tokens)) || (!has_out && (q->out_off || q->max_tokens)))
+		return -EINVAL;
+	if ((q->flags & KVD_SQE_CHAT) && !(q->flags & KVD_SQE_TEXT))
+		return -EINVAL;
+	if (q->top_p_e4 > 10000 || q->min_p_e4 > 10000)
+		return -EINVAL;
+	if (has_prompt && q->n_tokens == 0)
+		return -EINVAL;
+	if (has_prompt && !range_ok(c, q->tokens_off,
+				    (q->flags & KVD_SQE_TEXT) ? q->n_tokens : 4ull * q->n_tokens,
+				    (q->flags & KVD_SQE_TEXT) ? 1 : 4))
+		return -EFAULT;
+	if (has_out && (q->max_tokens == 0 || !range_ok(c, q->out_off, 4ull * q->max_tokens, 4)))
+		return q->max_tokens ? -EFAULT : -EINVAL;
+	if (c->inflight >= srv->cfg.max_inflight)
+		return -EBUSY;
+
+	struct request *r = calloc(1, sizeof(*r));
+	if (!r)
+		return -ENOMEM;
+	r->sqe = *q;
+	r->c = c;
+	r->s = s;
+	r->slot = q->slot;
+	r->max_out = has_out ? q->max_tokens : 0;
+	r->want_row = -1;
+	int rc = 0;
+	if (has_prompt && (q->flags & KVD_SQE_TEXT)) {
+		rc = text_prompt(srv, c, q, &r->prompt, &r->n_prompt);
+	} else if (has_prompt) {
+		/* The ids are read from the arena once, here, and checked. */
+		r->prompt = malloc((size_t)q->n_tokens * sizeof(uint32_t));
+		if (!r->prompt)
+			rc = -ENOMEM;
+		else
+			memcpy(r->prompt, c->arena + q->tokens_off, (size_t)q->n_tokens * 4);
+		r->n_prompt = q->n_tokens;
+		for (uint32_t i = 0; !rc && i < r->n_prompt; i++)
+			if (r->prompt[i] >= vocab)
+				rc = -ERANGE;
+	}
+	if (!rc && (uint64_t)r->n_prompt + r->max_out > srv->cfg.max_tokens)
+		rc = -E2BIG;
+	if (!rc && has_out)
+		rc = sampler_from_sqe(q, vocab, &r->smp);
+	if (rc) {
+		req_free(r);
+		return rc;
+	}
+	struct slot *sl = &s->slots[q->slot];
+	if (sl->tail)
+		sl->tail->next = r;
+	else
+		sl->head = r;
+	sl->tail = r;
+	c->inflight++;
+	return 0;
+}
+
+static void drain_sq(struct server *srv, struct conn *c)
+{
+	/* Acquire pairs with the client's release of tail: the SQEs before it are written. */
+	uint32_t tail = kvring_load_tail(c->sq);
+	if (tail - c->sq_head > c->sq_entries) {
+		/* A tail no producer could have written: skip to it, say so once. */
+		post(c, 0, -EINVAL, 0, 0, 0, 0);
+		c->sq_head = tail;
+		kvring_consume(c->sq, c->sq_head);
+		return;
+	}
+	while (c->sq_head != tail) {
+		struct kvd_sqe q;
+		/* One copy out of shared memory; every check and use reads the copy. */
+		memcpy(&q, &c->sqes[c->sq_head & (c->sq_entries - 1)], sizeof(q));
+		__atomic_signal_fence(__ATOMIC_SEQ_CST);
+		c->sq_head++;
+		int rc = admit(srv, c, &q);
+		if (rc < 0)
+			post(c, q.user_data, rc, 0, 0, 0, q.slot);
+		else if (rc > 0 && q.opcode == KVD_OP_NOP)
+			post(c, q.user_data, 0, 0, 0, 0, q.slot);
+	}
+	/* Release pairs with the client's acquire of head: those slots may be reused. */
+	kvring_consume(c->sq, c->sq_head);
+}
+
+/* ---- the step ---- */
+
+/* Sample one token for r from logits; post what it produces; 1 if r finished. */
+static int emit(struct server *srv, struct request *r, float *logits)
+{
+	struct slot *sl = &r->s->slots[r->slot];
+	const struct kvseq *kv = &sl->seq.kv;
+	uint32_t tok = sampler_sample(r->smp, logits, kv->tokens, kv->n_tokens);
+	((uint32_t *)(r->c->arena + r->sqe.out_off))[r->n_out++] = tok;
+	r->last = tok;
+	srv->n_generated++;
+	sl->has_logits = 0;
+	sl->pending = tok;
+	sl->has_pending = 1;
+	int eos = tokenizer_is_eog(srv->tok, tok) && !(r->sqe.flags & KVD_SQE_IGNORE_EOS);
+	int full = r->n_out >= r->max_out || engine_seq_len(&sl->seq) + 1 >= srv->m->hp.ctx_len;
+	if (r->sqe.flags & KVD_SQE_STREAM && !eos && !full)
+		post(r->c, r->sqe.user_data, (int32_t)r->n_out, KVD_CQE_MORE, tok, r->n_out, r->slot);
+	if (eos || full) {
+		req_finish(srv, r, (int32_t)r->n_out, eos ? KVD_CQE_EOS : KVD_CQE_LENGTH);
+		return 1;
+	}
+	return 0;
+}
+
+/* Move r out of QUEUED; returns 1 if it completed at once. */
+static int start(struct server *srv, struct request *r)
+{
+	struct slot *sl = &r->s->slots[r->slot];
+	const struct kvd_sqe *q = &r->sqe;
+	if (q->opcode == KVD_OP_RESET) {
+		slot_reset(srv, sl);
+		req_finish(srv, r, 0, 0);
+		return 1;
+	}
+	if (q->opcode == KVD_OP_DECODE) {
+		if (!sl->has_logits && !sl->has_pending) {
+			req_finish(srv, r, -EINVAL, 0);
+			return 1;
+		}
+		r->phase = REQ_DECODE;
+		return 0;
+	}
+	/* PREFILL / GENERATE */
+	if (!(q->flags & KVD_SQE_APPEND))
+		slot_reset(srv, sl);
+	if (!sl->live) {
+		engine_seq_init(srv->eng, &sl->seq, srv->cfg.prefix_global ? 0 : r->c->uid + 1);
+		sl->live = 1;
+	}
+	if (sl->has_pending) {
+		/* The last sampled token goes in first. */
+		uint32_t *p = malloc(((size_t)r->n_prompt + 1) * sizeof(uint32_t));
+		if (!p) {
+			req_finish(srv, r, -ENOMEM, 0);
+			return 1;
+		}
+		p[0] = sl->pending;
+		memcpy(p + 1, r->prompt, (size_t)r->n_prompt * sizeof(uint32_t));
+		free(r->prompt);
+		r->prompt = p;
+		r->n_prompt++;
+		sl->has_pending = 0;
+	}
+	sl->has_logits = 0;
+	if ((uint64_t)engine_seq_len(&sl->seq) + r->n_prompt + r->max_out > srv->m->hp.ctx_len) {
+		req_finish(srv, r, -E2BIG, 0);
+		return 1;
+	}
+	if (engine_seq_len(&sl->seq) == 0) {
+		int hit = engine_seq_attach_prefix(srv->eng, &sl->seq, r->prompt, r->n_prompt);
+		r->n_fed = hit > 0 ? (uint32_t)hit : 0;
+	}
+	r->phase = REQ_PREFILL;
+	return 0;
+}
+
+struct batch {
+	uint32_t n;
+	uint32_t n_logits;
+};
+
+static int add_row(struct server *srv, struct batch *b, struct request *r, uint32_t tok,
+		   int want)
+{
+	struct slot *sl = &r->s->slots[r->slot];
+	uint32_t pos = engine_seq_len(&sl->seq);
+	/* Rows of one sequence are consecutive within a step. */
+	if (b->n && srv->rows[b->n - 1].seq == &sl->seq)
+		pos = srv->rows[b->n - 1].pos + 1;
+	srv->rows[b->n] = (struct engine_row){ &sl->seq, pos, tok, (uint32_t)want };
+	srv->row_req[b->n] = r;
+	if (want)
+		r->want_row = (int)b->n_logits++;
+	b->n++;
+	return 0;
+}
+
+/*
+ * Walk every slot's head request: start queued ones, sample where logits
+ * are ready, and give each a row budget: decodes first (one row each), then
+ * prefill chunks with what is left.
+ */
+static void build(struct server *srv, struct batch *b)
+{
+	uint32_t budget = srv->cfg.max_batch_rows;
+	for (int pass = 0; pass < 2; pass++) {
+		for (struct conn *c = srv->conns; c; c = c->next) {
+			if (c->dead || c->n_ovf >= c->cq_entries)
+				continue;	/* back-pressure: its CQ is full */
+			for (uint32_t i = 0; i < SRV_MAX_SESSIONS; i++) {
+				struct session *s = c->sessions[i];
+				for (uint32_t k = 0; s && !s->closing && k < srv->cfg.max_slots; k++) {
+					struct slot *sl = &s->slots[k];
+					struct request *r;
+					while ((r = sl->head)) {
+						if (r->cancelled) {
+							req_finish(srv, r, (int32_t)r->n_out, KVD_CQE_CANCELLED);
+							continue;
+						}
+						if (r->phase == REQ_QUEUED && start(srv, r))
+							continue;
+						if (r->phase == REQ_DECODE && sl->has_logits) {
+							if (emit(srv, r, sl->logits))
+								continue;
+						}
+						break;
+					}
+					if (!r || r->want_row >= 0 || !budget)
+						continue;
+					if (pass == 0 && r->phase == REQ_DECODE && sl->has_pending) {
+						/* Feed the last token; its logits give the next one. */
+						uint32_t t = sl->pending;
+						sl->has_pending = 0;
+						add_row(srv, b, r, t, 1);
+						budget--;
+					} else if (pass == 1 && r->phase == REQ_PREFILL) {
+						uint32_t left = r->n_prompt - r->n_fed;
+						uint32_t take = left < budget ? left : budget;
+						for (uint32_t j = 0; j < take; j++)
+							add_row(srv, b, r, r->prompt[r->n_fed + j],
+								r->n_fed + j + 1 == r->n_prompt);
+						r->n_fed += take;
+						budget -= take;
+						srv->n_prefilled += take;
+					}
+				}
+			}
+		}
+	}
+}
+
+static int grow_logits(struct server *srv, uint32_t rows)
+{
+	if (rows <= srv->logits_rows)
+		return 0;
+	float *p = realloc(srv->logits, (size_t)rows * srv->m->hp.vocab * sizeof(float));
+	if (!p)
+		return -ENOMEM;
+	srv->logits = p;
+	srv->logits_rows = rows;
+	return 0;
+}
+
+/* After the forward pass: logits to their slots, tokens sampled, prefills completed. */
+static void finish_step(struct server *srv, const struct batch *b, int rc)
+{
+	const uint32_t vocab = srv->m->hp.vocab;
+	for (uint32_t i = 0; i < b->n; i++) {
+		/* A request's rows are consecutive and only its last may want logits. */
+		int last = i + 1 == b->n || srv->row_req[i + 1] != srv->row_req[i];
+		if (!last)
+			continue;
+		struct request *r = srv->row_req[i];
+		int row = r->want_row;
+		r->want_row = -1;
+		if (rc) {
+			req_finish(srv, r, rc, 0);
+			continue;
+		}
+		if (row < 0)
+			continue;	/* a prefill chunk that did not finish its prompt */
+		struct slot *sl = &r->s->slots[r->slot];
+		float *lg = srv->logits + (size_t)row * vocab;
+		if (r->phase == REQ_DECODE) {
+			emit(srv, r, lg);
+			continue;
+		}
+		/* The prompt is in: keep its last logits for the first sample. */
+		if (!sl->logits && !(sl->logits = malloc(vocab * sizeof(float)))) {
+			req_finish(srv, r, -ENOMEM, 0);
+			continue;
+		}
+		memcpy(sl->logits, lg, vocab * sizeof(float));
+		sl->has_logits = 1;
+		if (r->sqe.opcode == KVD_OP_PREFILL) {
+			req_finish(srv, r, (int32_t)engine_seq_len(&sl->seq), 0);
+		} else {
+			r->phase = REQ_DECODE;
+			emit(srv, r, sl->logits);
+		}
+	}
+}
+
+static int any_work(struct server *srv)
+{
+	for (struct conn *c = srv->conns; c; c = c->next) {
+		if (c->dead)
+			return 1;	/* to release */
+		for (uint32_t i = 0; i < SRV_MAX_SESSIONS; i++) {
+			struct session *s = c->sessions[i];
+			if (s && s->closing)
+				return 1;
+			for (uint32_t k = 0; s && k < srv->cfg.max_slots; k++)
+				if (s->slots[k].head)
+					return 1;
+		}
+		if (c->region && kvring_ready(c->sq, c->sq_head))
+			return 1;
+	}
+	return 0;
+}
+
+static void set_need_wakeup(struct server *srv, int on)
+{
+	for (struct conn *c = srv->conns; c; c = c->next) {
+		if (!c->region || c->dead)
+			continue;
+		if (on)
+			kvring_set_need_wakeup(c->sq);
+		else
+			kvring_clear_need_wakeup(c->sq);
+	}
+}
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Bookkeeping at a step boundary: hang-ups, closed sessions, new SQEs, overflow. */
+static void housekeeping(struct server *srv)
+{
+	for (struct conn *c = srv->conns; c; c = c->next) {
+		if (c->released)
+			continue;
+		if (c->dead) {
+			conn_release(srv, c);
+			continue;
+		}
+		for (uint32_t i = 0; i < SRV_MAX_SESSIONS; i++) {
+			struct session *s = c->sessions[i];
+			if (s && s->closing) {
+				session_release(srv, c, s, 1);
+				c->sessions[i] = NULL;
+				c->n_sessions--;
+				srv->n_sessions--;
+				free(s->slots);
+				free(s);
+			}
+		}
+		if (!c->region)
+			continue;
+		flush_overflow(c);
+		drain_sq(srv, c);
+	}
+}
+
+static void cancel_everything(struct server *srv)
+{
+	for (struct conn *c = srv->conns; c; c = c->next)
+		for (uint32_t i = 0; !c->dead && i < SRV_MAX_SESSIONS; i++)
+			if (c->sessions[i])
+				session_release(srv, c, c->sessions[i], 1);
+}
+
+static void wake_clients(struct server *srv)
+{
+	for (struct conn *c = srv->conns; c; c = c->next) {
+		if (!c->posted || c->dead)
+			continue;
+		c->posted = 0;
+		/* At most one eventfd write per step per connection, and only to a sleeper. */
+		if (kvring_needs_wakeup(c->cq)) {
+			uint64_t one = 1;
+			if (write(c->call_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+				log_msg(LOG_WARNING, "call eventfd of pid %d: %s", (int)c->pid, strerror(errno));
+		}
+	}
+}
+
+void *sched_thread(void *arg)
+{
+	struct server *srv = arg;
+	srv->rows = calloc(srv->cfg.max_batch_rows, sizeof(*srv->rows));
+	srv->row_req = calloc(srv->cfg.max_batch_rows, sizeof(*srv->row_req));
+	pthread_mutex_lock(&srv->lock);
+	if (!srv->rows || !srv->row_req) {
+		log_msg(LOG_ERR, "engine thread: out of memory");
+		srv->stopping = 1;
+	}
+	for (;;) {
+		housekeeping(srv);
+		struct batch b = { 0, 0 };
+		if (srv->rows && srv->row_req)
+			build(srv, &b);
+		wake_clients(srv);
+		kvpool_get_stats(srv->pool, &srv->pool_stats);
+		if (srv->stopping && (!any_work(srv) || now_ns() >= srv->drain_deadline_ns || !srv->rows)) {
+			cancel_everything(srv);
+			wake_clients(srv);
+			break;
+		}
+		if (b.n == 0) {
+			if (any_work(srv))
+				continue;
+			/* Idle: ask for kicks, look once more, then sleep. */
+			set_need_wakeup(srv, 1);
+			if (!any_work(srv)) {
+				if (srv->stopping) {
+					struct timespec ts = { 0, 0 };
+					clock_gettime(CLOCK_REALTIME, &ts);
+					ts.tv_nsec += 50000000;
+					if (ts.tv_nsec >= 1000000000) {
+						ts.tv_sec++;
+						ts.tv_nsec -= 1000000000;
+					}
+					pthread_cond_timedwait(&srv->work, &srv->lock, &ts);
+				} else {
+					pthread_cond_wait(&srv->work, &srv->lock);
+				}
+			}
+			set_need_wakeup(srv, 0);
+			continue;
+		}
+		int rc = grow_logits(srv, b.n_logits);
+		srv->n_steps++;
+		pthread_mutex_unlock(&srv->lock);
+		if (!rc)
+			rc = engine_forward(srv->eng, srv->rows, b.n, srv->logits);
+		pthread_mutex_lock(&srv->lock);
+		if (rc)
+			log_msg(LOG_WARNING, "engine step of %u rows failed: %s", b.n, strerror(-rc));
+		finish_step(srv, &b, rc);
+	}
+	srv->engine_exited = 1;
+	pthread_mutex_unlock(&srv->lock);
+	sched_kick_reaper(srv);
+	free(srv->logits);
+	free(srv->rows);
+	free(srv->row_req);
+	return NULL;
+}
