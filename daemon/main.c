@@ -55,6 +55,9 @@ static void usage(FILE *f)
 		"      --max-slots N       sequence slots per session (default 8)\n"
 		"      --max-tokens N      prompt plus generated tokens per request (default 8192)\n"
 		"      --max-inflight N    requests in flight per connection (default 256)\n"
+		"      --max-uid-sessions N, --max-uid-inflight N, --max-uid-arena BYTES\n"
+		"                          the same limits for all connections of one uid\n"
+		"                          (defaults 64, 1024, 1G)\n"
 		"      --max-batch-tokens N rows per engine step (default 512)\n"
 		"      --drain-timeout MS  on SIGTERM, finish in-flight work for at most MS (default 5000)\n"
 		"      --log-level L       err, warning, notice (default), info, debug\n"
@@ -118,7 +121,8 @@ static int parse_args(int argc, char **argv, struct options *o)
 {
 	enum { O_CHAT = 256, O_SYSTEM, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_REP, O_SEED, O_CTX, O_INFO,
 	       O_KVMEM, O_KVBLOCKS, O_KVBT, O_KVTYPE, O_PGLOBAL, O_SOCKET, O_SGROUP, O_MAXSESS,
-	       O_MAXSLOTS, O_MAXTOK, O_MAXINF, O_MAXBATCH, O_DRAIN, O_LOGLEVEL };
+	       O_MAXSLOTS, O_MAXTOK, O_MAXINF, O_MAXBATCH, O_DRAIN, O_LOGLEVEL, O_UIDSESS,
+	       O_UIDINF, O_UIDARENA };
 	static const struct option longopts[] = {
 		{ "model", required_argument, NULL, 'm' },
 		{ "prompt", required_argument, NULL, 'p' },
@@ -148,6 +152,9 @@ static int parse_args(int argc, char **argv, struct options *o)
 		{ "max-batch-tokens", required_argument, NULL, O_MAXBATCH },
 		{ "drain-timeout", required_argument, NULL, O_DRAIN },
 		{ "log-level", required_argument, NULL, O_LOGLEVEL },
+		{ "max-uid-sessions", required_argument, NULL, O_UIDSESS },
+		{ "max-uid-inflight", required_argument, NULL, O_UIDINF },
+		{ "max-uid-arena", required_argument, NULL, O_UIDARENA },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
@@ -158,7 +165,8 @@ static int parse_args(int argc, char **argv, struct options *o)
 	o->kv_type = KB_F16;
 	o->srv = (struct server_config){
 		.socket_gid = (gid_t)-1, .max_sessions = 16, .max_slots = 8, .max_tokens = 8192,
-		.max_inflight = 256, .sq_entries = 64, .cq_entries = 256, .arena_bytes = 1 << 20,
+		.max_inflight = 256, .max_uid_sessions = 64, .max_uid_inflight = 1024,
+		.max_uid_arena = 1ull << 30, .sq_entries = 64, .cq_entries = 256, .arena_bytes = 1 << 20,
 		.max_arena_bytes = 64 << 20, .max_batch_rows = 512, .drain_timeout_ms = 5000,
 	};
 	sampler_params_default(&o->sp);
@@ -190,6 +198,9 @@ static int parse_args(int argc, char **argv, struct options *o)
 		case O_MAXINF: rc = parse_num(optarg, 1, 1 << 20, &v); o->srv.max_inflight = (uint32_t)v; break;
 		case O_MAXBATCH: rc = parse_num(optarg, 1, 1 << 16, &v); o->srv.max_batch_rows = (uint32_t)v; break;
 		case O_DRAIN: rc = parse_num(optarg, 0, 3600000, &v); o->srv.drain_timeout_ms = (uint32_t)v; break;
+		case O_UIDSESS: rc = parse_num(optarg, 1, 1 << 20, &v); o->srv.max_uid_sessions = (uint32_t)v; break;
+		case O_UIDINF: rc = parse_num(optarg, 1, 1 << 24, &v); o->srv.max_uid_inflight = (uint32_t)v; break;
+		case O_UIDARENA: rc = parse_size(optarg, &o->srv.max_uid_arena); break;
 		case O_LOGLEVEL:
 			rc = log_level_parse(optarg) < 0 ? -EINVAL : 0;
 			if (!rc)

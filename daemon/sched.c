@@ -115,6 +115,7 @@ static void req_finish(struct server *srv, struct request *r, int32_t res, uint3
 		sl->tail = NULL;
 	post(r->c, r->sqe.user_data, res, flags, r->last, r->n_out, r->slot);
 	r->c->inflight--;
+	r->c->use->inflight--;
 	srv->n_requests++;
 	req_free(r);
 }
@@ -131,6 +132,7 @@ static void session_release(struct server *srv, struct conn *c, struct session *
 			} else {
 				sl->head = r->next;
 				c->inflight--;
+				c->use->inflight--;
 				req_free(r);
 			}
 		}
@@ -282,7 +284,7 @@ static int admit(struct server *srv, struct conn *c, const struct kvd_sqe *q)
 		return -EFAULT;
 	if (has_out && (q->max_tokens == 0 || !range_ok(c, q->out_off, 4ull * q->max_tokens, 4)))
 		return q->max_tokens ? -EFAULT : -EINVAL;
-	if (c->inflight >= srv->cfg.max_inflight)
+	if (c->inflight >= srv->cfg.max_inflight || c->use->inflight >= srv->cfg.max_uid_inflight)
 		return -EBUSY;
 
 	struct request *r = calloc(1, sizeof(*r));
@@ -324,6 +326,7 @@ static int admit(struct server *srv, struct conn *c, const struct kvd_sqe *q)
 		sl->head = r;
 	sl->tail = r;
 	c->inflight++;
+	c->use->inflight++;
 	return 0;
 }
 
@@ -612,6 +615,7 @@ static void housekeeping(struct server *srv)
 				session_release(srv, c, s, 1);
 				c->sessions[i] = NULL;
 				c->n_sessions--;
+				c->use->sessions--;
 				srv->n_sessions--;
 				free(s->slots);
 				free(s);

@@ -257,8 +257,11 @@ static void do_session_open(struct server *srv, struct conn *c, const struct kvd
 	pthread_mutex_lock(&srv->lock);
 	int rc = 0, first = !c->region;
 	uint32_t idx = SRV_MAX_SESSIONS;
-	if (c->n_sessions >= srv->cfg.max_sessions)
+	if (c->n_sessions >= srv->cfg.max_sessions || c->use->sessions >= srv->cfg.max_uid_sessions)
 		rc = -EMFILE;
+	uint64_t want = rq->arena_bytes ? rq->arena_bytes : srv->cfg.arena_bytes;
+	if (!rc && first && c->use->arena + want > srv->cfg.max_uid_arena)
+		rc = -EDQUOT;
 	for (uint32_t i = 0; !rc && i < srv->cfg.max_sessions && idx == SRV_MAX_SESSIONS; i++)
 		if (!c->sessions[i])
 			idx = i;
@@ -281,6 +284,9 @@ static void do_session_open(struct server *srv, struct conn *c, const struct kvd
 	s->id = (++c->next_session << 8) | idx;
 	c->sessions[idx] = s;
 	c->n_sessions++;
+	c->use->sessions++;
+	if (first)
+		c->use->arena += c->region_bytes;
 	srv->n_sessions++;
 	struct kvd_session_open_rep r;
 	memset(&r, 0, sizeof(r));
@@ -395,6 +401,27 @@ static void handle_msg(struct server *srv, struct conn *c, size_t len)
 	}
 }
 
+/* ---- per-uid accounting ---- */
+
+struct uid_usage *server_uid(struct server *srv, uid_t uid)
+{
+	for (uint32_t i = 0; i < srv->n_uids; i++)
+		if (srv->uids[i].uid == uid)
+			return &srv->uids[i];
+	/* Records live in a fixed array and are never removed, so pointers to them stay valid. */
+	return NULL;
+}
+
+static struct uid_usage *uid_add(struct server *srv, uid_t uid)
+{
+	struct uid_usage *u = server_uid(srv, uid);
+	if (u || srv->n_uids >= 4096)
+		return u;
+	u = &srv->uids[srv->n_uids++];
+	*u = (struct uid_usage){ .uid = uid };
+	return u;
+}
+
 /* ---- connections ---- */
 
 static int arm_recv(struct server *srv, struct conn *c)
@@ -489,6 +516,14 @@ static void on_accept(struct loop *l, struct loop_op *op, int res, int more)
 			c->memfd = c->kick_fd = c->call_fd = -1;
 			c->recv_op = (struct loop_op){ .cb = on_recv, .data = c };
 			pthread_mutex_lock(&srv->lock);
+			c->use = uid_add(srv, c->uid);
+			if (!c->use) {
+				pthread_mutex_unlock(&srv->lock);
+				log_msg(LOG_WARNING, "too many distinct uids; refusing pid %d", (int)c->pid);
+				close(res);
+				free(c);
+				goto rearm;
+			}
 			c->next = srv->conns;
 			srv->conns = c;
 			srv->n_conns++;
@@ -500,6 +535,7 @@ static void on_accept(struct loop *l, struct loop_op *op, int res, int more)
 	} else if (res != -ECANCELED) {
 		log_msg(LOG_WARNING, "accept: %s", strerror(-res));
 	}
+rearm:
 	if (!more && !srv->stopping && srv->listen_fd >= 0)
 		loop_accept_multishot(l, &srv->accept_op, srv->listen_fd);
 }
@@ -557,6 +593,9 @@ static void reap(struct server *srv)
 		*pp = c->next;
 		srv->n_conns--;
 		srv->n_sessions -= c->n_sessions;
+		c->use->sessions -= c->n_sessions;
+		if (c->region)
+			c->use->arena -= c->region_bytes;
 		server_conn_free(srv, c);
 	}
 	pthread_mutex_unlock(&srv->lock);
@@ -652,7 +691,10 @@ int server_create(struct server **out, const struct server_config *cfg, struct m
 	srv->listen_fd = srv->signal_fd = srv->reap_fd = srv->vocab_fd = -1;
 	pthread_mutex_init(&srv->lock, NULL);
 	pthread_cond_init(&srv->work, NULL);
-	int rc;
+	int rc = -ENOMEM;
+	srv->uids = calloc(4096, sizeof(*srv->uids));
+	if (!srv->uids)
+		goto err;
 	if ((rc = engine_create(&srv->eng, m, be, pool, cfg->max_batch_rows))) {
 		log_msg(LOG_ERR, "engine: %s", strerror(-rc));
 		goto err;
@@ -747,5 +789,6 @@ void server_destroy(struct server *srv)
 	engine_destroy(srv->eng);
 	pthread_mutex_destroy(&srv->lock);
 	pthread_cond_destroy(&srv->work);
+	free(srv->uids);
 	free(srv);
 }

@@ -25,7 +25,10 @@ struct server_config {
 	uint32_t max_sessions;	/* per connection */
 	uint32_t max_slots;	/* per session */
 	uint32_t max_tokens;	/* per request, prompt plus generated */
-	uint32_t max_inflight;	/* requests in flight per uid */
+	uint32_t max_inflight;	/* requests in flight per connection */
+	uint32_t max_uid_sessions;	/* sessions of one uid, all connections together */
+	uint32_t max_uid_inflight;	/* requests in flight of one uid */
+	uint64_t max_uid_arena;		/* shared-region bytes of one uid */
 	uint32_t sq_entries;	/* defaults granted to SESSION_OPEN */
 	uint32_t cq_entries;
 	uint32_t arena_bytes;
@@ -76,6 +79,14 @@ struct session {
 	struct slot *slots;		/* (max_slots,) */
 };
 
+/* What one uid holds across its connections, for the per-uid limits. */
+struct uid_usage {
+	uid_t uid;
+	uint32_t sessions;
+	uint32_t inflight;
+	uint64_t arena;
+};
+
 struct cqe_node {
 	struct cqe_node *next;
 	struct kvd_cqe cqe;
@@ -83,6 +94,7 @@ struct cqe_node {
 
 struct conn {
 	struct server *srv;
+	struct uid_usage *use;		/* its uid's totals */
 	struct conn *next;
 	int fd;
 	pid_t pid;
@@ -159,6 +171,8 @@ struct server {
 	uint32_t n_conns;
 	uint32_t n_sessions;
 	uint64_t n_steps;
+	struct uid_usage *uids;		/* (n_uids,) */
+	uint32_t n_uids;
 	/* engine thread only */
 	float *logits;			/* (logits_rows, vocab) of the current step */
 	uint32_t logits_rows;
@@ -171,6 +185,8 @@ int server_create(struct server **out, const struct server_config *cfg, struct m
 		  struct tokenizer *tok, struct backend *be, struct kvpool *pool);
 int server_run(struct server *srv);	/* until SIGTERM/SIGINT; 0 on a clean drain */
 void server_destroy(struct server *srv);
+/* The usage record of uid (created on first use), or NULL when out of memory; lock held. */
+struct uid_usage *server_uid(struct server *srv, uid_t uid);
 /* Free everything of a connection the engine thread has released (loop thread). */
 void server_conn_free(struct server *srv, struct conn *c);
 

@@ -20,10 +20,11 @@
  *     -ERANGE     a token id >= the model's vocabulary size
  *     -E2BIG      prompt plus max_tokens exceed the model's context length
  *     -ENOENT     unknown session or sequence slot
- *     -EBUSY      sequence slot already has a request in flight
+ *     -EBUSY      too many requests in flight for the connection or its uid
  *     -ENOSPC     the KV-cache pool cannot hold the request
- *     -EDQUOT     the caller's uid is over its KV-cache quota
+ *     -EDQUOT     the caller's uid is over a quota (KV cache, shared-region bytes)
  *     -EMFILE     too many sessions for this connection or uid
+ *     -ESHUTDOWN  the daemon is draining and takes no new work
  *     -ECANCELED  the request was cancelled (by CANCEL or by session close)
  *     -EIO        the compute backend failed; the daemon stays up
  */
