@@ -97,6 +97,9 @@ static void slot_reset(struct server *srv, struct slot *sl)
 	sl->live = 0;
 	sl->has_logits = 0;
 	sl->has_pending = 0;
+	free(sl->resume);
+	sl->resume = NULL;
+	sl->n_resume = 0;
 }
 
 static void req_free(struct request *r)
@@ -313,6 +316,11 @@ static int admit(struct server *srv, struct conn *c, const struct kvd_sqe *q)
 	}
 	if (!rc && (uint64_t)r->n_prompt + r->max_out > srv->cfg.max_tokens)
 		rc = -E2BIG;
+	/* A request the whole pool could never hold is refused now, not left waiting. */
+	if (!rc && (uint64_t)r->n_prompt + r->max_out + kvpool_config(srv->pool)->block_tokens >
+			   srv->pool_stats.blocks_total * kvpool_config(srv->pool)->block_tokens)
+		rc = -ENOSPC;
+	r->id = ++srv->next_req_id;
 	if (!rc && has_out)
 		rc = sampler_from_sqe(q, vocab, &r->smp);
 	if (rc) {
@@ -397,28 +405,37 @@ static int start(struct server *srv, struct request *r)
 			req_finish(srv, r, -EINVAL, 0);
 			return 1;
 		}
-		r->phase = REQ_DECODE;
-		return 0;
+		if (!sl->n_resume) {
+			r->phase = REQ_DECODE;
+			return 0;
+		}
+		/* A preempted sequence is recomputed first, then decoding goes on. */
 	}
-	/* PREFILL / GENERATE */
-	if (!(q->flags & KVD_SQE_APPEND))
+	/* PREFILL / GENERATE, or a DECODE resuming a preempted sequence */
+	if (q->opcode != KVD_OP_DECODE && !(q->flags & KVD_SQE_APPEND))
 		slot_reset(srv, sl);
 	if (!sl->live) {
 		engine_seq_init(srv->eng, &sl->seq, srv->cfg.prefix_global ? 0 : r->c->uid + 1);
 		sl->live = 1;
 	}
-	if (sl->has_pending) {
-		/* The last sampled token goes in first. */
-		uint32_t *p = malloc(((size_t)r->n_prompt + 1) * sizeof(uint32_t));
+	if (sl->has_pending || sl->n_resume) {
+		/* What the cache lost to preemption, then the last sampled token, go in first. */
+		size_t n = (size_t)sl->n_resume + (sl->has_pending ? 1 : 0) + r->n_prompt;
+		uint32_t *p = malloc(n * sizeof(uint32_t));
 		if (!p) {
 			req_finish(srv, r, -ENOMEM, 0);
 			return 1;
 		}
-		p[0] = sl->pending;
-		memcpy(p + 1, r->prompt, (size_t)r->n_prompt * sizeof(uint32_t));
+		memcpy(p, sl->resume, (size_t)sl->n_resume * sizeof(uint32_t));
+		if (sl->has_pending)
+			p[sl->n_resume] = sl->pending;
+		memcpy(p + n - r->n_prompt, r->prompt, (size_t)r->n_prompt * sizeof(uint32_t));
 		free(r->prompt);
+		free(sl->resume);
+		sl->resume = NULL;
+		sl->n_resume = 0;
 		r->prompt = p;
-		r->n_prompt++;
+		r->n_prompt = (uint32_t)n;
 		sl->has_pending = 0;
 	}
 	sl->has_logits = 0;
@@ -439,8 +456,14 @@ struct batch {
 	uint32_t n_logits;
 };
 
-static int add_row(struct server *srv, struct batch *b, struct request *r, uint32_t tok,
-		   int want)
+/* A runnable request of this step. */
+struct cand {
+	struct request *r;
+	struct slot *sl;
+	int decode;		/* 1: one decode row; 0: a prefill chunk */
+};
+
+static void add_row(struct server *srv, struct batch *b, struct request *r, uint32_t tok, int want)
 {
 	struct slot *sl = &r->s->slots[r->slot];
 	uint32_t pos = engine_seq_len(&sl->seq);
@@ -452,60 +475,225 @@ static int add_row(struct server *srv, struct batch *b, struct request *r, uint3
 	if (want)
 		r->want_row = (int)b->n_logits++;
 	b->n++;
-	return 0;
 }
 
 /*
- * Walk every slot's head request: start queued ones, sample where logits
- * are ready, and give each a row budget: decodes first (one row each), then
- * prefill chunks with what is left.
+ * Give up victim's KV blocks; it is recomputed from its tokens when it runs
+ * again (its full blocks stay cached, so that is mostly prefix hits).
  */
-static void build(struct server *srv, struct batch *b)
+static int preempt(struct server *srv, struct slot *sl, struct request *r)
 {
-	uint32_t budget = srv->cfg.max_batch_rows;
-	for (int pass = 0; pass < 2; pass++) {
-		for (struct conn *c = srv->conns; c; c = c->next) {
-			if (c->dead || c->n_ovf >= c->cq_entries)
-				continue;	/* back-pressure: its CQ is full */
-			for (uint32_t i = 0; i < SRV_MAX_SESSIONS; i++) {
-				struct session *s = c->sessions[i];
-				for (uint32_t k = 0; s && !s->closing && k < srv->cfg.max_slots; k++) {
-					struct slot *sl = &s->slots[k];
-					struct request *r;
-					while ((r = sl->head)) {
-						if (r->cancelled) {
-							req_finish(srv, r, (int32_t)r->n_out, KVD_CQE_CANCELLED);
-							continue;
-						}
-						if (r->phase == REQ_QUEUED && start(srv, r))
-							continue;
-						if (r->phase == REQ_DECODE && sl->has_logits) {
-							if (emit(srv, r, sl->logits))
-								continue;
-						}
-						break;
+	const struct kvseq *kv = &sl->seq.kv;
+	size_t extra = !r ? 0 : r->phase == REQ_PREFILL ? (size_t)(r->n_prompt - r->n_fed) : (size_t)(sl->has_pending != 0);
+	uint32_t *p = malloc(((size_t)kv->n_tokens + extra + 1) * sizeof(uint32_t));
+	if (!p)
+		return -ENOMEM;
+	size_t n = kv->n_tokens;
+	memcpy(p, kv->tokens, n * sizeof(uint32_t));
+	if (r && r->phase == REQ_PREFILL) {
+		memcpy(p + n, r->prompt + r->n_fed, extra * sizeof(uint32_t));
+		n += extra;
+	} else if (r && sl->has_pending) {
+		p[n++] = sl->pending;
+	}
+	uint32_t ns = kv->ns;
+	engine_seq_release(srv->eng, &sl->seq);
+	engine_seq_init(srv->eng, &sl->seq, ns);
+	sl->has_logits = 0;
+	srv->n_preemptions++;
+	if (!r) {
+		/* An idle sequence: its tokens wait for the slot's next request. */
+		free(sl->resume);
+		sl->resume = p;
+		sl->n_resume = (uint32_t)n;
+		return 0;
+	}
+	sl->has_pending = 0;
+	free(r->prompt);
+	r->prompt = p;
+	r->n_prompt = (uint32_t)n;
+	r->n_fed = 0;
+	r->phase = REQ_PREFILL;
+	/* Its cached blocks are looked up when it runs again, not now: that would take them back. */
+	r->reattach = 1;
+	return 0;
+}
+
+/* Lower is more deserving of keeping its blocks: interactive before background, older first. */
+static int keep_rank_less(const struct request *a, const struct request *b)
+{
+	if (a->sqe.priority != b->sqe.priority)
+		return a->sqe.priority < b->sqe.priority;
+	return a->id < b->id;
+}
+
+/*
+ * Find the sequence to preempt for r: an idle sequence holding blocks
+ * first, else the newest request of the lowest class that ranks below r
+ * and has no row in this step. Returns 1 if one was preempted.
+ */
+static int make_room(struct server *srv, struct request *r)
+{
+	struct slot *vs = NULL;
+	struct request *vr = NULL;
+	for (struct conn *c = srv->conns; c; c = c->next)
+		for (uint32_t i = 0; !c->dead && i < SRV_MAX_SESSIONS; i++) {
+			struct session *s = c->sessions[i];
+			for (uint32_t k = 0; s && k < srv->cfg.max_slots; k++) {
+				struct slot *sl = &s->slots[k];
+				if (!sl->live || !sl->seq.kv.n_blocks || sl == &r->s->slots[r->slot])
+					continue;
+				struct request *h = sl->head;
+				if (!h) {
+					if (!vs || vr) {
+						vs = sl;
+						vr = NULL;
 					}
-					if (!r || r->want_row >= 0 || !budget)
-						continue;
-					if (pass == 0 && r->phase == REQ_DECODE && sl->has_pending) {
-						/* Feed the last token; its logits give the next one. */
-						uint32_t t = sl->pending;
-						sl->has_pending = 0;
-						add_row(srv, b, r, t, 1);
-						budget--;
-					} else if (pass == 1 && r->phase == REQ_PREFILL) {
-						uint32_t left = r->n_prompt - r->n_fed;
-						uint32_t take = left < budget ? left : budget;
-						for (uint32_t j = 0; j < take; j++)
-							add_row(srv, b, r, r->prompt[r->n_fed + j],
-								r->n_fed + j + 1 == r->n_prompt);
-						r->n_fed += take;
-						budget -= take;
-						srv->n_prefilled += take;
-					}
+					continue;
+				}
+				if (h->want_row >= 0 || h->phase == REQ_QUEUED || !keep_rank_less(r, h))
+					continue;
+				if (vs && !vr)
+					continue;	/* an idle victim is cheaper */
+				if (!vr || keep_rank_less(vr, h)) {
+					vs = sl;
+					vr = h;
 				}
 			}
 		}
+	if (!vs)
+		return 0;
+	return preempt(srv, vs, vr) == 0;
+}
+
+/* Blocks for positions [len, len + n) of r's sequence, preempting others if the pool is full. */
+static int reserve(struct server *srv, struct request *r, uint32_t n)
+{
+	struct slot *sl = &r->s->slots[r->slot];
+	uint32_t len = engine_seq_len(&sl->seq);
+	for (;;) {
+		int rc = kvseq_prepare(srv->pool, &sl->seq.kv, len, len + n);
+		if (rc != -ENOSPC)
+			return rc;
+		if (!make_room(srv, r))
+			return -ENOSPC;
+	}
+}
+
+static int cand_cmp(const void *a, const void *b)
+{
+	const struct cand *x = a, *y = b;
+	if (x->decode != y->decode)
+		return y->decode - x->decode;	/* decodes first */
+	if (x->r->sqe.priority != y->r->sqe.priority)
+		return (int)x->r->sqe.priority - (int)y->r->sqe.priority;
+	return x->r->id < y->r->id ? -1 : x->r->id > y->r->id;
+}
+
+/* Start queued requests, sample where logits wait, and list what needs rows. */
+static uint32_t collect(struct server *srv)
+{
+	uint32_t n = 0;
+	for (struct conn *c = srv->conns; c; c = c->next) {
+		if (c->dead || c->n_ovf >= c->cq_entries)
+			continue;	/* back-pressure: its CQ is full */
+		for (uint32_t i = 0; i < SRV_MAX_SESSIONS; i++) {
+			struct session *s = c->sessions[i];
+			for (uint32_t k = 0; s && !s->closing && k < srv->cfg.max_slots; k++) {
+				struct slot *sl = &s->slots[k];
+				struct request *r;
+				while ((r = sl->head)) {
+					if (r->cancelled) {
+						req_finish(srv, r, (int32_t)r->n_out, KVD_CQE_CANCELLED);
+						continue;
+					}
+					if (r->phase == REQ_QUEUED && start(srv, r))
+						continue;
+					if (r->phase == REQ_DECODE && sl->has_logits && emit(srv, r, sl->logits))
+						continue;
+					break;
+				}
+				if (!r || (r->phase == REQ_DECODE && !sl->has_pending))
+					continue;
+				if (n == srv->cand_cap) {
+					uint32_t cap = n ? 2 * n : 64;
+					struct cand *p = realloc(srv->cands, cap * sizeof(*p));
+					if (!p)
+						return n;
+					srv->cands = p;
+					srv->cand_cap = cap;
+				}
+				srv->cands[n++] = (struct cand){ r, sl, r->phase == REQ_DECODE };
+			}
+		}
+	}
+	return n;
+}
+
+/*
+ * One step's rows: every decode (interactive first, then by age), then
+ * prefill chunks from what the budget has left, shared across clients so
+ * one client's long prompt cannot starve another's.
+ */
+static void build(struct server *srv, struct batch *b)
+{
+	uint32_t n = collect(srv), budget = srv->cfg.max_batch_rows;
+	qsort(srv->cands, n, sizeof(*srv->cands), cand_cmp);
+	uint32_t n_prefill = 0;
+	for (uint32_t i = 0; i < n; i++)
+		n_prefill += !srv->cands[i].decode;
+	for (uint32_t i = 0; i < n && budget; i++) {
+		struct cand *cd = &srv->cands[i];
+		struct request *r = cd->r;
+		if (r->want_row >= 0 || r->s->closing)
+			continue;
+		if (cd->decode) {
+			int rc = reserve(srv, r, 1);
+			if (rc) {
+				log_msg(LOG_DEBUG, "request %llu waits: %s", (unsigned long long)r->id, strerror(-rc));
+				continue;	/* waits for blocks */
+			}
+			if (r->phase != REQ_DECODE || !cd->sl->has_pending)
+				continue;	/* preempted meanwhile: recomputed later */
+			/* Feed the last token; its logits give the next one. */
+			uint32_t t = cd->sl->pending;
+			cd->sl->has_pending = 0;
+			add_row(srv, b, r, t, 1);
+			budget--;
+			continue;
+		}
+		if (r->phase != REQ_PREFILL)
+			continue;
+		if (r->reattach) {
+			int hit = engine_seq_attach_prefix(srv->eng, &cd->sl->seq, r->prompt, r->n_prompt);
+			r->n_fed = hit > 0 ? (uint32_t)hit : 0;
+			r->reattach = 0;
+		}
+		/* A fair share of what is left for each prefill still waiting, at least one block. */
+		uint32_t share = budget / (n_prefill ? n_prefill : 1);
+		uint32_t bt = kvpool_config(srv->pool)->block_tokens;
+		share = share < bt ? (budget < bt ? budget : bt) : share;
+		n_prefill--;
+		uint32_t left = r->n_prompt - r->n_fed;
+		uint32_t take = left < share ? left : share;
+		int rc = reserve(srv, r, take);
+		if (rc == -ENOSPC) {
+			struct kvpool_stats st;
+			kvpool_get_stats(srv->pool, &st);
+			if (st.blocks_in_use <= cd->sl->seq.kv.n_blocks) {
+				req_finish(srv, r, -ENOSPC, 0);	/* alone and still too big */
+				continue;
+			}
+		}
+		if (rc || r->phase != REQ_PREFILL) {
+			log_msg(LOG_DEBUG, "request %llu waits: %s", (unsigned long long)r->id, strerror(-rc));
+			continue;
+		}
+		for (uint32_t j = 0; j < take; j++)
+			add_row(srv, b, r, r->prompt[r->n_fed + j], r->n_fed + j + 1 == r->n_prompt);
+		r->n_fed += take;
+		budget -= take;
+		srv->n_prefilled += take;
 	}
 }
 
@@ -564,6 +752,8 @@ static void finish_step(struct server *srv, const struct batch *b, int rc)
 static int any_work(struct server *srv)
 {
 	for (struct conn *c = srv->conns; c; c = c->next) {
+		if (c->released)
+			continue;	/* the loop thread frees it */
 		if (c->dead)
 			return 1;	/* to release */
 		for (uint32_t i = 0; i < SRV_MAX_SESSIONS; i++) {
@@ -577,6 +767,14 @@ static int any_work(struct server *srv)
 		if (c->region && kvring_ready(c->sq, c->sq_head))
 			return 1;
 	}
+	return 0;
+}
+
+static int any_new_sqe(struct server *srv)
+{
+	for (struct conn *c = srv->conns; c; c = c->next)
+		if (c->region && !c->dead && kvring_ready(c->sq, c->sq_head))
+			return 1;
 	return 0;
 }
 
@@ -674,21 +872,25 @@ void *sched_thread(void *arg)
 			break;
 		}
 		if (b.n == 0) {
-			if (any_work(srv))
-				continue;
-			/* Idle: ask for kicks, look once more, then sleep. */
+			/*
+			 * Nothing could run: idle, or waiting for KV blocks. Ask for
+			 * kicks, look once more, then sleep until a client or the
+			 * loop thread signals; work that waits for blocks is looked
+			 * at again after a short while in any case.
+			 */
+			int waiting = any_work(srv);
 			set_need_wakeup(srv, 1);
-			if (!any_work(srv)) {
-				if (srv->stopping) {
+			if (!waiting || !any_new_sqe(srv)) {
+				if (srv->stopping || waiting) {
 					struct timespec ts = { 0, 0 };
 					clock_gettime(CLOCK_REALTIME, &ts);
-					ts.tv_nsec += 50000000;
+					ts.tv_nsec += waiting ? 2000000 : 50000000;
 					if (ts.tv_nsec >= 1000000000) {
 						ts.tv_sec++;
 						ts.tv_nsec -= 1000000000;
 					}
 					pthread_cond_timedwait(&srv->work, &srv->lock, &ts);
-				} else {
+				} else if (!any_new_sqe(srv)) {
 					pthread_cond_wait(&srv->work, &srv->lock);
 				}
 			}
@@ -711,5 +913,6 @@ void *sched_thread(void *arg)
 	free(srv->logits);
 	free(srv->rows);
 	free(srv->row_req);
+	free(srv->cands);
 	return NULL;
 }

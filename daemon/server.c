@@ -353,6 +353,7 @@ static void do_stats(struct server *srv, struct conn *c, const struct kvd_msg_hd
 	r.prefix_hit_tokens = srv->pool_stats.prefix_hit_tokens;
 	r.prefix_miss_tokens = srv->pool_stats.prefix_miss_tokens;
 	r.evictions = srv->pool_stats.evictions;
+	r.preemptions = srv->n_preemptions;
 	r.connections = srv->n_conns;
 	r.sessions = srv->n_sessions;
 	pthread_mutex_unlock(&srv->lock);

@@ -60,6 +60,8 @@ struct request {
 	struct sampler *smp;
 	int cancelled;
 	int want_row;			/* index of its logits row in this step, or -1 */
+	int reattach;			/* preempted: look up its prefix before it runs */
+	uint64_t id;			/* admission order, for FCFS and "newest" */
 };
 
 /* A sequence slot of a session: its KV blocks and where decoding stands. */
@@ -71,6 +73,8 @@ struct slot {
 	uint32_t pending;		/* sampled but not yet in the cache */
 	int has_pending;
 	struct request *head, *tail;	/* its requests, in order */
+	uint32_t *resume;		/* (n_resume,) tokens of a preempted idle sequence */
+	uint32_t n_resume;
 };
 
 struct session {
@@ -171,6 +175,8 @@ struct server {
 	uint32_t n_conns;
 	uint32_t n_sessions;
 	uint64_t n_steps;
+	uint64_t n_preemptions;
+	uint64_t next_req_id;
 	struct uid_usage *uids;		/* (n_uids,) */
 	uint32_t n_uids;
 	/* engine thread only */
@@ -178,6 +184,8 @@ struct server {
 	uint32_t logits_rows;
 	struct engine_row *rows;	/* (max_batch_rows,) */
 	struct request **row_req;	/* (max_batch_rows,) the request each row serves */
+	struct cand *cands;		/* (cand_cap,) runnable requests of this step */
+	uint32_t cand_cap;
 };
 
 /* server.c: the control plane, on the loop thread. */
