@@ -60,3 +60,8 @@ clean:
 	rm -rf $(B)
 
 -include $(shell find $(B) -name '*.d' 2>/dev/null)
+
+# Start the daemon, generate through it with kvctl, stop it.
+.PHONY: demo
+demo: all
+	@sh tools/demo.sh

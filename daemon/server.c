@@ -231,6 +231,8 @@ static int make_region(struct server *srv, struct conn *c, const struct kvd_sess
 	c->cq_entries = cq;
 	kvring_init(c->sq, sq);
 	kvring_init(c->cq, cq);
+	/* The engine thread may be asleep already: the first SQE must kick it. */
+	kvring_set_need_wakeup(c->sq);
 	c->kick_op = (struct loop_op){ .cb = on_kick, .data = c };
 	if ((rc = loop_poll_multishot(srv->loop, &c->kick_op, c->kick_fd)))
 		goto err;

@@ -2,8 +2,27 @@
 #ifndef KVD_KVCLIENT_H
 #define KVD_KVCLIENT_H
 
+#include <errno.h>
+#include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include "uapi/kvd.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*
+ * Every call returns 0 or a count on success and -errno on failure; the
+ * daemon's own errors (uapi/kvd.h, "Conventions") come back unchanged.
+ * A peer hang-up reads as -ECONNRESET (-EPIPE when it is noticed by a send).
+ *
+ * A struct kvc_conn is not locked: use it from one thread at a time. The
+ * one exception is the ring pair: one thread may submit (kvc_submit, the
+ * arena allocator) while another consumes (kvc_peek, kvc_wait), since the
+ * two sides touch disjoint state.
+ */
+struct kvc_conn;
 
 /* The ABI version this library speaks (KVD_ABI_VERSION of its uapi/kvd.h). */
 uint32_t kvc_abi_version(void);
@@ -21,5 +40,243 @@ void kvc_msg_init(struct kvd_msg_hdr *h, uint16_t type, uint32_t len, uint32_t s
  */
 int kvc_msg_check_reply(const struct kvd_msg_hdr *h, size_t got, uint16_t type,
 			uint32_t min_len, uint32_t seq);
+
+/* ---------------------------------------------------------------------- */
+/* Connection.                                                            */
+
+/*
+ * The socket kvc_connect(NULL) uses, NUL-terminated into buf: $KVD_SOCKET,
+ * else /run/kvd/kvd.sock for root, else $XDG_RUNTIME_DIR/kvd.sock (or
+ * /run/user/<uid>/kvd.sock). Returns its length or -ENAMETOOLONG.
+ */
+int kvc_default_socket(char *buf, size_t cap);
+
+/*
+ * Connect to the daemon at path (NULL: kvc_default_socket()) and say HELLO
+ * asking for every feature this library knows; map the vocabulary when the
+ * daemon passes it. On success *out owns the socket and mappings; free it
+ * with kvc_close(). Returns 0, -errno of socket()/connect() (-ENOENT or
+ * -ECONNREFUSED when no daemon listens), -EPROTO for a daemon speaking
+ * another ABI, or the daemon's refusal.
+ */
+int kvc_connect(struct kvc_conn **out, const char *path);
+
+/* Unmap, close and free everything of c (the daemon then ends its sessions). NULL is fine. */
+void kvc_close(struct kvc_conn *c);
+
+/*
+ * The daemon's HELLO reply: features granted, model facts and limits.
+ * Owned by c; valid until kvc_close(). model_name and backend are
+ * NUL-terminated.
+ */
+const struct kvd_hello_rep *kvc_info(const struct kvc_conn *c);
+
+/*
+ * File descriptors for callers running their own event loop: the socket
+ * (readable or hung up only when the daemon goes away) and the call eventfd
+ * (readable when completions arrive, after kvc_wait() armed it; -1 before
+ * the first session).
+ */
+int kvc_socket_fd(const struct kvc_conn *c);
+int kvc_call_fd(const struct kvc_conn *c);
+
+/* ---------------------------------------------------------------------- */
+/* Sessions and the shared region.                                        */
+
+/*
+ * Open a session with the daemon's default ring and arena sizes; its id
+ * goes to *session_id. The first open of a connection maps the shared
+ * region (rings and token arena) that all its sessions then share.
+ * Returns 0 or -errno (-EMFILE: too many sessions).
+ */
+int kvc_session_open(struct kvc_conn *c, uint32_t *session_id);
+
+/*
+ * Same, asking for ring and arena sizes (0 = daemon default; powers of two,
+ * arena a multiple of 4). Sizes matter only on the connection's first open.
+ */
+int kvc_session_open_ex(struct kvc_conn *c, uint32_t sq_entries, uint32_t cq_entries,
+			uint32_t arena_bytes, uint32_t *session_id);
+
+/* Close a session: the daemon cancels its requests and frees its sequences. */
+int kvc_session_close(struct kvc_conn *c, uint32_t session_id);
+
+/* Daemon-wide counters into *out. */
+int kvc_stats(struct kvc_conn *c, struct kvd_stats_rep *out);
+
+/*
+ * The token arena, shared with the daemon (NULL before the first session);
+ * its size goes to *bytes unless bytes is NULL. SQEs name places in it by
+ * byte offset: write prompt ids (or text) there and read sampled ids in
+ * place. Owned by c.
+ */
+uint8_t *kvc_arena(const struct kvc_conn *c, uint32_t *bytes);
+
+/*
+ * A bump allocator over the arena for callers that need no more: reserve
+ * bytes (rounded up to 64) and put their offset in *off. Returns 0,
+ * -ENOSPC when the arena is full, -ENOTCONN before the first session.
+ * kvc_arena_reset() frees every reservation at once; call it only when no
+ * request still uses the arena.
+ */
+int kvc_arena_alloc(struct kvc_conn *c, uint32_t bytes, uint32_t *off);
+void kvc_arena_reset(struct kvc_conn *c);
+
+/* ---------------------------------------------------------------------- */
+/* Submission and completion.                                             */
+
+/*
+ * Copy *sqe into the next SQ slot, publish it, and kick the daemon only if
+ * it sleeps. The daemon validates the copy; a bad SQE completes with
+ * res -errno. Returns 0, -EAGAIN when the SQ is full (consume completions
+ * and retry), -ENOTCONN before the first session.
+ */
+int kvc_submit(struct kvc_conn *c, const struct kvd_sqe *sqe);
+
+/* Take the next completion into *out without blocking: 0, or -EAGAIN when none is ready. */
+int kvc_peek(struct kvc_conn *c, struct kvd_cqe *out);
+
+/*
+ * Take the next completion into *out, waiting up to timeout_ms (< 0:
+ * forever). Spins on the CQ for the spin time first (kvc_set_spin), then
+ * sleeps on the call eventfd. Returns 0, -ETIMEDOUT, -EINTR when a signal
+ * interrupted the sleep (call again), -ECONNRESET when the daemon went away.
+ */
+int kvc_wait(struct kvc_conn *c, struct kvd_cqe *out, int timeout_ms);
+
+/* How long kvc_wait() spins before it sleeps (default 50 us; 0: never spin). */
+void kvc_set_spin(struct kvc_conn *c, unsigned int usec);
+
+/*
+ * SQE builders: each zeroes *sqe and fills one request; set flags
+ * (KVD_SQE_STREAM, ...), priority or sampling afterwards.
+ */
+static inline void kvc_prep(struct kvd_sqe *sqe, uint8_t opcode, uint32_t session_id,
+			    uint32_t slot, uint64_t user_data)
+{
+	memset(sqe, 0, sizeof(*sqe));
+	sqe->opcode = opcode;
+	sqe->session_id = session_id;
+	sqe->slot = slot;
+	sqe->user_data = user_data;
+}
+
+/* tokens_off: arena offset of n_tokens prompt ids (or bytes with KVD_SQE_TEXT);
+ * out_off: arena offset with room for max_tokens sampled ids. */
+static inline void kvc_prep_generate(struct kvd_sqe *sqe, uint32_t session_id, uint32_t slot,
+				     uint64_t user_data, uint32_t tokens_off, uint32_t n_tokens,
+				     uint32_t out_off, uint32_t max_tokens)
+{
+	kvc_prep(sqe, KVD_OP_GENERATE, session_id, slot, user_data);
+	sqe->tokens_off = tokens_off;
+	sqe->n_tokens = n_tokens;
+	sqe->out_off = out_off;
+	sqe->max_tokens = max_tokens;
+}
+
+static inline void kvc_prep_prefill(struct kvd_sqe *sqe, uint32_t session_id, uint32_t slot,
+				    uint64_t user_data, uint32_t tokens_off, uint32_t n_tokens)
+{
+	kvc_prep(sqe, KVD_OP_PREFILL, session_id, slot, user_data);
+	sqe->tokens_off = tokens_off;
+	sqe->n_tokens = n_tokens;
+}
+
+static inline void kvc_prep_decode(struct kvd_sqe *sqe, uint32_t session_id, uint32_t slot,
+				   uint64_t user_data, uint32_t out_off, uint32_t max_tokens)
+{
+	kvc_prep(sqe, KVD_OP_DECODE, session_id, slot, user_data);
+	sqe->out_off = out_off;
+	sqe->max_tokens = max_tokens;
+}
+
+/* Cancel the request of this connection whose user_data is target. */
+static inline void kvc_prep_cancel(struct kvd_sqe *sqe, uint32_t session_id, uint64_t user_data,
+				   uint64_t target)
+{
+	kvc_prep(sqe, KVD_OP_CANCEL, session_id, 0, user_data);
+	sqe->target_user_data = target;
+}
+
+static inline void kvc_prep_reset(struct kvd_sqe *sqe, uint32_t session_id, uint32_t slot,
+				  uint64_t user_data)
+{
+	kvc_prep(sqe, KVD_OP_RESET, session_id, slot, user_data);
+}
+
+/* Sampling in natural units; all zero is greedy with every filter off. */
+struct kvc_sampling {
+	float		temperature;	/* 0: greedy; up to 65.535 */
+	float		top_p;		/* 0 or 1: off */
+	float		min_p;		/* 0: off */
+	float		repeat_penalty;	/* 0 or 1: off; up to 65.535 */
+	uint32_t	top_k;		/* 0: off; up to 65535 */
+	uint32_t	repeat_last_n;	/* 0: 64 */
+	uint64_t	seed;
+};
+
+/* Round x * scale to a __u16 field; -EINVAL outside [0, max] (NaN included). */
+static inline int kvc__fixed16(float x, float scale, float max, __u16 *out)
+{
+	if (!(x >= 0.0f && x <= max))
+		return -EINVAL;
+	*out = (__u16)(x * scale + 0.5f);
+	return 0;
+}
+
+/* Store *s in the SQE's fixed-point fields. Returns 0 or -EINVAL (a value out of range). */
+static inline int kvc_prep_sampling(struct kvd_sqe *sqe, const struct kvc_sampling *s)
+{
+	if (kvc__fixed16(s->temperature, 1000.0f, 65.535f, &sqe->temperature_milli) ||
+	    kvc__fixed16(s->top_p, 10000.0f, 1.0f, &sqe->top_p_e4) ||
+	    kvc__fixed16(s->min_p, 10000.0f, 1.0f, &sqe->min_p_e4) ||
+	    kvc__fixed16(s->repeat_penalty, 1000.0f, 65.535f, &sqe->repeat_penalty_milli) ||
+	    s->top_k > 0xffff || s->repeat_last_n > 0xffff)
+		return -EINVAL;
+	sqe->top_k = (__u16)s->top_k;
+	sqe->repeat_last_n = (__u16)s->repeat_last_n;
+	sqe->seed = s->seed;
+	return 0;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Text, from the vocabulary the daemon maps for us (KVD_FEAT_VOCAB).     */
+
+/*
+ * Token id's bytes (not NUL-terminated; empty for control tokens) and their
+ * count in *len, pointing into c's read-only mapping: valid until
+ * kvc_close(). NULL when id is out of range or there is no vocabulary.
+ */
+const char *kvc_token_bytes(const struct kvc_conn *c, uint32_t id, uint32_t *len);
+
+/*
+ * Copy token id's bytes into buf, NUL-terminated. Returns their count,
+ * -ERANGE for an id outside the vocabulary, -ENODATA without a vocabulary,
+ * -ENOSPC when cap cannot hold them and the NUL (buf is then left empty).
+ */
+int kvc_token_text(const struct kvc_conn *c, uint32_t id, char *buf, size_t cap);
+
+/* Token id's KVD_TOKF_* flags, -ERANGE or -ENODATA. */
+int kvc_token_flags(const struct kvc_conn *c, uint32_t id);
+
+/*
+ * Streaming UTF-8: tokens split characters, so hold back a trailing
+ * incomplete sequence until the bytes completing it arrive. Zero the struct
+ * to start. kvc_utf8_feed() writes to out (room for len + 3 bytes) the
+ * held bytes and in[0, len) minus any new incomplete tail, and returns the
+ * count written; kvc_utf8_flush() writes what is still held (room for 3).
+ * Invalid bytes pass through unchanged.
+ */
+struct kvc_utf8 {
+	uint8_t	n;
+	char	held[3];
+};
+
+size_t kvc_utf8_feed(struct kvc_utf8 *u, const char *in, size_t len, char *out);
+size_t kvc_utf8_flush(struct kvc_utf8 *u, char *out);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

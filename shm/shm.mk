@@ -2,6 +2,7 @@
 KVC_SRCS := $(wildcard shm/*.c)
 KVC_OBJS := $(KVC_SRCS:%.c=$(B)/%.o)
 KVC_SOVER := 1
+KVC_VERSION := $(KVC_SOVER).0.0
 KVC_HDRS := shm/kvclient.h shm/kvring.h
 
 $(B)/libkvclient.so.$(KVC_SOVER): $(KVC_OBJS) shm/libkvclient.map
@@ -13,4 +14,23 @@ $(B)/libkvclient.a: $(KVC_OBJS)
 	@mkdir -p $(dir $@) && rm -f $@
 	$(AR) rcs $@ $^
 
-all: $(B)/libkvclient.so $(B)/libkvclient.a
+# pkg-config file with PREFIX baked in; rewritten only when its text changes,
+# so a new PREFIX takes effect without touching anything else.
+$(B)/kvclient.pc: FORCE
+	@mkdir -p $(dir $@)
+	@printf '%s\n' 'prefix=$(PREFIX)' 'exec_prefix=$${prefix}' 'libdir=$${exec_prefix}/lib' \
+		'includedir=$${prefix}/include' '' 'Name: kvclient' \
+		'Description: client library of the kvd local LLM inference daemon' \
+		'Version: $(KVC_VERSION)' 'Cflags: -I$${includedir}/kvd' \
+		'Libs: -L$${libdir} -lkvclient' > $@.tmp
+	@if cmp -s $@.tmp $@; then rm -f $@.tmp; else mv $@.tmp $@ && echo "GEN $@"; fi
+
+.PHONY: FORCE install-kvclient-pc
+FORCE:
+
+install-kvclient-pc: $(B)/kvclient.pc
+	install -d $(DESTDIR)$(PREFIX)/lib/pkgconfig
+	install -m 0644 $(B)/kvclient.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/
+
+all: $(B)/libkvclient.so $(B)/libkvclient.a $(B)/kvclient.pc
+install: install-kvclient-pc

@@ -202,14 +202,17 @@ struct kvd_ring_hdr {
 	__u32	pad1[15];
 	__u32	ring_mask;	/* ring_entries - 1 */
 	__u32	ring_entries;	/* power of two */
-	__u32	flags;		/* KVD_RING_* (written by the consumer side) */
+	__u32	flags;		/* KVD_RING_*; both sides change it, only with atomic RMW */
 	__u32	overflow;	/* CQ: completions waiting in the daemon */
 	__u32	resv[12];	/* zero */
 };
 
 /* kvd_ring_hdr.flags */
-#define KVD_RING_NEED_WAKEUP	(1U << 0) /* consumer sleeps: producer must signal its eventfd */
-#define KVD_RING_CQ_OVERFLOW	(1U << 1) /* CQ: the daemon holds completions that did not fit */
+#define KVD_RING_NEED_WAKEUP	(1U << 0) /* set by the consumer: it sleeps, the producer must
+					   * signal its eventfd */
+#define KVD_RING_CQ_OVERFLOW	(1U << 1) /* CQ, set by the daemon: it holds completions that did
+					   * not fit; a client that frees CQ room while this is set
+					   * kicks the daemon if the SQ shows NEED_WAKEUP */
 
 /* ------------------------------------------------------------------------ */
 /* Submission and completion entries.                                       */
@@ -248,7 +251,8 @@ struct kvd_ring_hdr {
  * sleeps; a client that sees it after publishing its tail writes the kick
  * eventfd. A client sets KVD_RING_NEED_WAKEUP in the CQ header before it
  * sleeps on the call eventfd (then looks at the CQ once more); the daemon
- * writes the call eventfd at most once per engine step when it is set.
+ * writes the call eventfd at most once per engine step when it is set. A
+ * new connection's SQ starts with NEED_WAKEUP set: its first SQE kicks.
  */
 enum kvd_op {
 	KVD_OP_NOP = 0,		/* completes at once with res 0 */
