@@ -53,11 +53,12 @@ struct opts {
 	struct kvc_sampling	sp;
 	int			raw;
 	int			json;
+	int			poll;		/* busy-poll the CQ: never sleep, never need a wake-up */
 };
 
 enum {
 	OPT_SOCKET = 256, OPT_TEMP, OPT_TOP_K, OPT_TOP_P, OPT_MIN_P, OPT_REPEAT, OPT_SEED,
-	OPT_RAW, OPT_JSON,
+	OPT_RAW, OPT_JSON, OPT_POLL,
 };
 
 static const struct option gen_longopts[] = {
@@ -71,6 +72,7 @@ static const struct option gen_longopts[] = {
 	{ "seed", required_argument, NULL, OPT_SEED },
 	{ "raw", no_argument, NULL, OPT_RAW },
 	{ "json", no_argument, NULL, OPT_JSON },
+	{ "poll", no_argument, NULL, OPT_POLL },
 	{ "help", no_argument, NULL, 'h' },
 	{ NULL, 0, NULL, 0 },
 };
@@ -106,6 +108,7 @@ static void usage_generate(FILE *f)
 		"Streams the continuation of PROMPT (UTF-8 text, tokenized by the daemon) to\n"
 		"stdout and a summary to stderr; Ctrl-C cancels the request.\n\n");
 	fprintf(f, usage_sampling, 128u);
+	fprintf(f, "      --poll          busy-poll for completions (a core spins; no wake-ups)\n");
 	fprintf(f, "      --raw           print token ids instead of text\n"
 		"      --json          print one JSON object at the end instead\n"
 		"  -h, --help\n");
@@ -180,6 +183,7 @@ static int parse_opts(int argc, char **argv, struct opts *o, int sampling,
 		switch (ch) {
 		case OPT_SOCKET: o->socket = optarg; break;
 		case OPT_RAW: o->raw = 1; break;
+		case OPT_POLL: o->poll = 1; break;
 		case OPT_JSON: o->json = 1; break;
 		case 'n':
 			bad = parse_u64(optarg, UINT32_MAX / 4, &u) || u == 0;
@@ -347,7 +351,7 @@ static int run_turn(struct kvc_conn *c, uint32_t session, uint64_t ud, const cha
 	struct kvd_sqe sqe;
 	struct kvd_cqe cqe;
 	uint32_t in_off;
-	int cancel_sent = 0, err;
+	int cancel_sent = 0, err, poll_cq = o->poll;
 
 	memset(t, 0, sizeof(*t));
 	kvc_arena_reset(c);
@@ -378,8 +382,13 @@ static int run_turn(struct kvc_conn *c, uint32_t session, uint64_t ud, const cha
 				return err;
 			cancel_sent = !err;
 		}
-		err = kvc_wait(c, &cqe, WAIT_MS);
-		if (err == -ETIMEDOUT || err == -EINTR)
+		if (poll_cq) {
+			while ((err = kvc_peek(c, &cqe)) == -EAGAIN && !interrupted)
+				;
+		} else {
+			err = kvc_wait(c, &cqe, WAIT_MS);
+		}
+		if (err == -ETIMEDOUT || err == -EINTR || err == -EAGAIN)
 			continue;
 		if (err)
 			return err;

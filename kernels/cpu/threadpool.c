@@ -3,19 +3,21 @@
 #include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
+#include <time.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #include "kernels/cpu/threadpool.h"
 
 /*
- * A worker spins this many pauses (tens of microseconds; a pause costs
- * 10-140 cycles depending on the core) before it sleeps; the caller yields
- * its core every CALLER_YIELD pauses while waiting, so an oversubscribed
- * machine still makes progress.
+ * Between two runs a worker spins for SPIN_NS before it sleeps: the gaps
+ * inside and between engine steps are shorter, so a busy daemon makes no
+ * futex calls. A caller waiting for workers yields its core only after
+ * YIELD_NS, so an oversubscribed machine still makes progress. Time comes
+ * from the vDSO clock, no system call.
  */
-#define SPIN_ITERS 2000
-#define CALLER_YIELD 256
+#define SPIN_NS 2000000ull
+#define YIELD_NS 1000000ull
 
 struct threadpool {
 	uint32_t n_threads;
@@ -34,6 +36,13 @@ struct threadpool {
 static long futex(uint32_t *addr, int op, uint32_t val)
 {
 	return syscall(SYS_futex, addr, op, val, NULL, NULL, 0);
+}
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 static void cpu_relax(void)
@@ -56,17 +65,22 @@ static void *worker(void *arg)
 	uint32_t seen = 0;
 	for (;;) {
 		uint32_t gen;
-		int spins = 0;
+		uint32_t spins = 0;
+		uint64_t until = 0;
 		/* Acquire pairs with the release increment in threadpool_run(). */
 		while ((gen = __atomic_load_n(&tp->generation, __ATOMIC_ACQUIRE)) == seen) {
-			if (++spins < SPIN_ITERS) {
-				cpu_relax();
+			cpu_relax();
+			if (++spins % 64)
 				continue;
-			}
+			uint64_t t = now_ns();
+			if (!until)
+				until = t + SPIN_NS;
+			if (t < until)
+				continue;
 			__atomic_fetch_add(&tp->sleepers, 1, __ATOMIC_SEQ_CST);
 			futex(&tp->generation, FUTEX_WAIT_PRIVATE, seen);
 			__atomic_fetch_sub(&tp->sleepers, 1, __ATOMIC_SEQ_CST);
-			spins = 0;
+			until = 0;
 		}
 		seen = gen;
 		if (__atomic_load_n(&tp->stop, __ATOMIC_ACQUIRE))
@@ -143,9 +157,15 @@ void threadpool_run(struct threadpool *tp, tp_task_fn fn, void *ctx, uint32_t n_
 	publish(tp);
 	run_tasks(tp);
 	/* Acquire pairs with each worker's release decrement: their writes are visible after. */
+	uint64_t start = 0;
 	for (uint32_t spins = 1; __atomic_load_n(&tp->busy, __ATOMIC_ACQUIRE) != 0; spins++) {
 		cpu_relax();
-		if (spins % CALLER_YIELD == 0)
+		if (spins % 64)
+			continue;
+		uint64_t t = now_ns();
+		if (!start)
+			start = t;
+		else if (t - start > YIELD_NS)
 			sched_yield();
 	}
 }
