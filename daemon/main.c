@@ -59,6 +59,8 @@ static void usage(FILE *f)
 		"                          the same limits for all connections of one uid\n"
 		"                          (defaults 64, 1024, 1G)\n"
 		"      --max-batch-tokens N rows per engine step (default 512)\n"
+		"      --kv-quota BLOCKS   KV blocks one uid may hold (default: no quota)\n"
+		"      --no-prefix-cache   never reuse cached prompt prefixes\n"
 		"      --drain-timeout MS  on SIGTERM, finish in-flight work for at most MS (default 5000)\n"
 		"      --log-level L       err, warning, notice (default), info, debug\n"
 		"\n"
@@ -122,7 +124,7 @@ static int parse_args(int argc, char **argv, struct options *o)
 	enum { O_CHAT = 256, O_SYSTEM, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_REP, O_SEED, O_CTX, O_INFO,
 	       O_KVMEM, O_KVBLOCKS, O_KVBT, O_KVTYPE, O_PGLOBAL, O_SOCKET, O_SGROUP, O_MAXSESS,
 	       O_MAXSLOTS, O_MAXTOK, O_MAXINF, O_MAXBATCH, O_DRAIN, O_LOGLEVEL, O_UIDSESS,
-	       O_UIDINF, O_UIDARENA };
+	       O_UIDINF, O_UIDARENA, O_NOPREFIX, O_KVQUOTA };
 	static const struct option longopts[] = {
 		{ "model", required_argument, NULL, 'm' },
 		{ "prompt", required_argument, NULL, 'p' },
@@ -155,6 +157,8 @@ static int parse_args(int argc, char **argv, struct options *o)
 		{ "max-uid-sessions", required_argument, NULL, O_UIDSESS },
 		{ "max-uid-inflight", required_argument, NULL, O_UIDINF },
 		{ "max-uid-arena", required_argument, NULL, O_UIDARENA },
+		{ "no-prefix-cache", no_argument, NULL, O_NOPREFIX },
+		{ "kv-quota", required_argument, NULL, O_KVQUOTA },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
@@ -201,6 +205,8 @@ static int parse_args(int argc, char **argv, struct options *o)
 		case O_UIDSESS: rc = parse_num(optarg, 1, 1 << 20, &v); o->srv.max_uid_sessions = (uint32_t)v; break;
 		case O_UIDINF: rc = parse_num(optarg, 1, 1 << 24, &v); o->srv.max_uid_inflight = (uint32_t)v; break;
 		case O_UIDARENA: rc = parse_size(optarg, &o->srv.max_uid_arena); break;
+		case O_NOPREFIX: o->srv.no_prefix_cache = 1; break;
+		case O_KVQUOTA: rc = parse_num(optarg, 1, 1u << 30, &v); o->srv.kv_quota = (uint32_t)v; break;
 		case O_LOGLEVEL:
 			rc = log_level_parse(optarg) < 0 ? -EINVAL : 0;
 			if (!rc)

@@ -316,6 +316,11 @@ static int admit(struct server *srv, struct conn *c, const struct kvd_sqe *q)
 	}
 	if (!rc && (uint64_t)r->n_prompt + r->max_out > srv->cfg.max_tokens)
 		rc = -E2BIG;
+	/* A request its uid's quota could never hold is refused now. */
+	if (!rc && srv->cfg.kv_quota &&
+	    ((uint64_t)r->n_prompt + r->max_out) / kvpool_config(srv->pool)->block_tokens + 1 >
+		    srv->cfg.kv_quota)
+		rc = -EDQUOT;
 	/* A request the whole pool could never hold is refused now, not left waiting. */
 	if (!rc && (uint64_t)r->n_prompt + r->max_out + kvpool_config(srv->pool)->block_tokens >
 			   srv->pool_stats.blocks_total * kvpool_config(srv->pool)->block_tokens)
@@ -443,7 +448,7 @@ static int start(struct server *srv, struct request *r)
 		req_finish(srv, r, -E2BIG, 0);
 		return 1;
 	}
-	if (engine_seq_len(&sl->seq) == 0) {
+	if (engine_seq_len(&sl->seq) == 0 && !srv->cfg.no_prefix_cache) {
 		int hit = engine_seq_attach_prefix(srv->eng, &sl->seq, r->prompt, r->n_prompt);
 		r->n_fed = hit > 0 ? (uint32_t)hit : 0;
 	}
@@ -566,11 +571,57 @@ static int make_room(struct server *srv, struct request *r)
 	return preempt(srv, vs, vr) == 0;
 }
 
+/* KV blocks the sequences of uid's connections hold (a shared block counts for each holder). */
+static uint64_t uid_blocks(struct server *srv, uid_t uid)
+{
+	uint64_t n = 0;
+	for (struct conn *c = srv->conns; c; c = c->next)
+		for (uint32_t i = 0; c->uid == uid && !c->dead && i < SRV_MAX_SESSIONS; i++)
+			for (uint32_t k = 0; c->sessions[i] && k < srv->cfg.max_slots; k++)
+				n += c->sessions[i]->slots[k].seq.kv.n_blocks;
+	return n;
+}
+
+/*
+ * A uid over its KV quota gives up its own newest sequence first; 1 if r
+ * may grow by need blocks now.
+ */
+static int within_quota(struct server *srv, struct request *r, uint32_t need)
+{
+	if (!srv->cfg.kv_quota)
+		return 1;
+	uid_t uid = r->c->uid;
+	while (uid_blocks(srv, uid) + need > srv->cfg.kv_quota) {
+		struct slot *vs = NULL;
+		struct request *vr = NULL;
+		for (struct conn *c = srv->conns; c; c = c->next)
+			for (uint32_t i = 0; c->uid == uid && !c->dead && i < SRV_MAX_SESSIONS; i++)
+				for (uint32_t k = 0; c->sessions[i] && k < srv->cfg.max_slots; k++) {
+					struct slot *sl = &c->sessions[i]->slots[k];
+					struct request *h = sl->head;
+					if (sl == &r->s->slots[r->slot] || !sl->seq.kv.n_blocks ||
+					    (h && (h->want_row >= 0 || h->phase == REQ_QUEUED)))
+						continue;
+					if (!vs || (h && vr && keep_rank_less(vr, h)) || (!h && vr)) {
+						vs = sl;
+						vr = h;
+					}
+				}
+		if (!vs || (vr && keep_rank_less(vr, r)) || preempt(srv, vs, vr))
+			return 0;	/* the quota makes r wait */
+	}
+	return 1;
+}
+
 /* Blocks for positions [len, len + n) of r's sequence, preempting others if the pool is full. */
 static int reserve(struct server *srv, struct request *r, uint32_t n)
 {
 	struct slot *sl = &r->s->slots[r->slot];
 	uint32_t len = engine_seq_len(&sl->seq);
+	uint32_t bt = kvpool_config(srv->pool)->block_tokens;
+	uint32_t have = sl->seq.kv.n_blocks, need = (len + n + bt - 1) / bt;
+	if (need > have && !within_quota(srv, r, need - have))
+		return -EDQUOT;
 	for (;;) {
 		int rc = kvseq_prepare(srv->pool, &sl->seq.kv, len, len + n);
 		if (rc != -ENOSPC)
@@ -664,11 +715,11 @@ static void build(struct server *srv, struct batch *b)
 		}
 		if (r->phase != REQ_PREFILL)
 			continue;
-		if (r->reattach) {
+		if (r->reattach && !srv->cfg.no_prefix_cache) {
 			int hit = engine_seq_attach_prefix(srv->eng, &cd->sl->seq, r->prompt, r->n_prompt);
 			r->n_fed = hit > 0 ? (uint32_t)hit : 0;
-			r->reattach = 0;
 		}
+		r->reattach = 0;
 		/* A fair share of what is left for each prefill still waiting, at least one block. */
 		uint32_t share = budget / (n_prefill ? n_prefill : 1);
 		uint32_t bt = kvpool_config(srv->pool)->block_tokens;

@@ -36,6 +36,8 @@ struct server_config {
 	uint32_t max_batch_rows; /* rows in one engine step */
 	uint32_t drain_timeout_ms;
 	int prefix_global;	/* one prefix-cache namespace for everyone */
+	int no_prefix_cache;	/* never reuse cached blocks (for comparisons) */
+	uint32_t kv_quota;	/* KV blocks one uid may hold; 0: no quota */
 };
 
 enum req_phase { REQ_QUEUED, REQ_PREFILL, REQ_DECODE };
