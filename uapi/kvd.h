@@ -237,7 +237,8 @@ struct kvd_ring_hdr {
  * produced, flags EOS (an end-of-generation token was sampled; it is
  * written and counted), LENGTH (max_tokens or the context length reached)
  * or CANCELLED; with KVD_SQE_STREAM a CQE with KVD_CQE_MORE precedes it
- * for every token (token = the id, n_out = tokens written so far). The
+ * for every token but the last (token = the id, n_out = tokens written so
+ * far); the final CQE carries the last token the same way. The
  * last sampled token is not yet in the KV cache; a later APPEND or DECODE
  * on the slot feeds it first. An invalid SQE completes at once with res
  * -errno (see Conventions) and changes nothing.
