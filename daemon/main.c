@@ -1,6 +1,8 @@
 /* main.c — kvd's entry point: the daemon, the in-process run (--prompt) and model inspection (--info). */
 #include <errno.h>
 #include <getopt.h>
+#include <pthread.h>
+#include <signal.h>
 #include <grp.h>
 #include <sys/stat.h>
 #include <stdio.h>
@@ -520,6 +522,14 @@ int main(int argc, char **argv)
 		print_info(m);
 		model_free(m);
 		return 0;
+	}
+	if (!o.prompt) {
+		/* The daemon takes SIGTERM/SIGINT through a signalfd: block them before any thread exists. */
+		sigset_t set;
+		sigemptyset(&set);
+		sigaddset(&set, SIGTERM);
+		sigaddset(&set, SIGINT);
+		pthread_sigmask(SIG_BLOCK, &set, NULL);
 	}
 	struct backend *be;
 	if ((rc = backend_cpu_create(&be, o.threads))) {

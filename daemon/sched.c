@@ -631,13 +631,14 @@ static int reserve(struct server *srv, struct request *r, uint32_t n)
 	}
 }
 
+/* Interactive before background; within a class decodes before prefills; then by age. */
 static int cand_cmp(const void *a, const void *b)
 {
 	const struct cand *x = a, *y = b;
-	if (x->decode != y->decode)
-		return y->decode - x->decode;	/* decodes first */
 	if (x->r->sqe.priority != y->r->sqe.priority)
 		return (int)x->r->sqe.priority - (int)y->r->sqe.priority;
+	if (x->decode != y->decode)
+		return y->decode - x->decode;
 	return x->r->id < y->r->id ? -1 : x->r->id > y->r->id;
 }
 
@@ -682,9 +683,10 @@ static uint32_t collect(struct server *srv)
 }
 
 /*
- * One step's rows: every decode (interactive first, then by age), then
- * prefill chunks from what the budget has left, shared across clients so
- * one client's long prompt cannot starve another's.
+ * One step's rows, interactive requests before background ones: in each
+ * class every decode, then prefill chunks from what the budget has left,
+ * shared across requests so one client's long prompt cannot starve
+ * another's. A request that finds the pool full preempts a lower-ranked one.
  */
 static void build(struct server *srv, struct batch *b)
 {

@@ -356,6 +356,7 @@ static void do_stats(struct server *srv, struct conn *c, const struct kvd_msg_hd
 	r.prefix_miss_tokens = srv->pool_stats.prefix_miss_tokens;
 	r.evictions = srv->pool_stats.evictions;
 	r.preemptions = srv->n_preemptions;
+	r.steps = srv->n_steps;
 	r.connections = srv->n_conns;
 	r.sessions = srv->n_sessions;
 	pthread_mutex_unlock(&srv->lock);

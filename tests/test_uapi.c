@@ -69,7 +69,8 @@ _Static_assert(sizeof(struct kvd_stats_rep) == 144, "stats rep size");
 PIN(struct kvd_stats_rep, requests, 24);
 PIN(struct kvd_stats_rep, preemptions, 96);
 PIN(struct kvd_stats_rep, connections, 104);
-PIN(struct kvd_stats_rep, resv, 112);
+PIN(struct kvd_stats_rep, steps, 112);
+PIN(struct kvd_stats_rep, resv, 120);
 
 /* The ring's two indices live on separate 64-byte cache lines. */
 _Static_assert(sizeof(struct kvd_ring_hdr) == 192, "ring hdr size");

@@ -182,7 +182,8 @@ struct kvd_stats_rep {
 	__u64	preemptions;		/* sequences paused to free KV memory */
 	__u32	connections;		/* open now */
 	__u32	sessions;		/* open now */
-	__u64	resv[4];		/* zero */
+	__u64	steps;			/* engine steps run since start */
+	__u64	resv[3];		/* zero */
 };
 
 /* ------------------------------------------------------------------------ */

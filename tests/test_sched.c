@@ -1,0 +1,302 @@
+/*
+ * test_sched.c — the scheduler through a real daemon: batched decode equals
+ * decode alone, a long prefill does not stall decoders (by step counts),
+ * preemption on a tiny pool changes no token, priorities order service.
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <liburing.h>
+#include <cmocka.h>
+
+#include "shm/kvclient.h"
+
+#define MAXN 16
+#define OUT 12
+
+struct daemon {
+	pid_t pid;
+	char dir[64];
+	char sock[96];
+};
+
+static const char *model_path(void)
+{
+	const char *p = getenv("KVD_MODEL");
+	return p && *p ? p : "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+
+static int have_io_uring(void)
+{
+	struct io_uring r;
+	if (io_uring_queue_init(2, &r, 0))
+		return 0;
+	io_uring_queue_exit(&r);
+	return 1;
+}
+
+/* Start build/kvd with extra arguments (NULL-terminated) and wait until it answers. */
+static void daemon_start(struct daemon *d, ...)
+{
+	const char *argv[32] = { "build/kvd", "--model", model_path(), "--socket", d->sock,
+				 "--kv-mem", "64M" };
+	int n = 7;
+	va_list ap;
+	va_start(ap, d);
+	const char *a;
+	while ((a = va_arg(ap, const char *)) && n < 30)
+		argv[n++] = a;
+	va_end(ap);
+	argv[n] = NULL;
+	strcpy(d->dir, "/tmp/kvd-sched-XXXXXX");
+	assert_non_null(mkdtemp(d->dir));
+	snprintf(d->sock, sizeof(d->sock), "%s/kvd.sock", d->dir);
+	d->pid = fork();
+	assert_true(d->pid >= 0);
+	if (d->pid == 0) {
+		execv(argv[0], (char *const *)argv);
+		_exit(127);
+	}
+	for (int i = 0; i < 300; i++) {
+		struct kvc_conn *c;
+		if (!kvc_connect(&c, d->sock)) {
+			kvc_close(c);
+			return;
+		}
+		if (waitpid(d->pid, NULL, WNOHANG) == d->pid)
+			fail_msg("kvd exited during start-up");
+		usleep(20000);
+	}
+	fail_msg("kvd did not answer on %s", d->sock);
+}
+
+static void daemon_stop(struct daemon *d)
+{
+	int st;
+	kill(d->pid, SIGTERM);
+	waitpid(d->pid, &st, 0);
+	rmdir(d->dir);
+	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
+static uint64_t steps(struct kvc_conn *c)
+{
+	struct kvd_stats_rep st;
+	assert_int_equal(kvc_stats(c, &st), 0);
+	return st.steps;
+}
+
+/* Prompt i: 5 + 3i token ids of its own. */
+static uint32_t prompt(uint32_t i, uint32_t *ids)
+{
+	uint32_t n = 5 + 3 * i;
+	for (uint32_t k = 0; k < n; k++)
+		ids[k] = 1000 + 37 * i + 11 * k;
+	return n;
+}
+
+/*
+ * Submit GENERATEs for prompts [0, n) on slots of one session (each its own
+ * sequence, batched by the daemon) and collect each one's tokens.
+ */
+static void run_batch(struct kvc_conn *c, uint32_t session, uint32_t n, uint32_t first,
+		      uint32_t out[][OUT], uint8_t prio[])
+{
+	uint32_t ids[64], off_in[MAXN], off_out[MAXN];
+	uint8_t *arena = kvc_arena(c, NULL);
+	kvc_arena_reset(c);
+	for (uint32_t i = 0; i < n; i++) {
+		uint32_t len = prompt(first + i, ids);
+		assert_int_equal(kvc_arena_alloc(c, len * 4, &off_in[i]), 0);
+		assert_int_equal(kvc_arena_alloc(c, OUT * 4, &off_out[i]), 0);
+		memcpy(arena + off_in[i], ids, len * 4);
+		struct kvd_sqe sqe;
+		kvc_prep_generate(&sqe, session, i, 100 + i, off_in[i], len, off_out[i], OUT);
+		sqe.flags = KVD_SQE_IGNORE_EOS;
+		sqe.priority = prio ? prio[i] : 0;
+		assert_int_equal(kvc_submit(c, &sqe), 0);
+	}
+	for (uint32_t done = 0; done < n;) {
+		struct kvd_cqe cqe;
+		assert_int_equal(kvc_wait(c, &cqe, 60000), 0);
+		uint32_t i = (uint32_t)(cqe.user_data - 100);
+		assert_true(i < n);
+		if (cqe.res != OUT)
+			fail_msg("request %u: res %d", i, cqe.res);
+		memcpy(out[i], arena + off_out[i], OUT * 4);
+		if (prio)
+			prio[i] = (uint8_t)(100 + done);	/* completion order */
+		done++;
+	}
+}
+
+/* Each of N sequences decoded alone gives the same tokens as all N decoded together. */
+static void test_batched_equals_alone(void **state)
+{
+	(void)state;
+	if (!have_io_uring())
+		skip();
+	struct daemon d;
+	struct kvc_conn *c;
+	uint32_t s1, s2;
+	static uint32_t alone[MAXN][OUT], together[MAXN][OUT];
+	daemon_start(&d, "--max-slots", "16", NULL);
+	assert_int_equal(kvc_connect(&c, d.sock), 0);
+	assert_int_equal(kvc_session_open(c, &s1), 0);
+	assert_int_equal(kvc_session_open(c, &s2), 0);
+	for (uint32_t i = 0; i < MAXN; i++)
+		run_batch(c, s1, 1, i, &alone[i], NULL);
+	static const uint32_t ns[] = { 1, 4, 16 };
+	for (size_t t = 0; t < 3; t++) {
+		run_batch(c, s2, ns[t], 0, together, NULL);
+		for (uint32_t i = 0; i < ns[t]; i++)
+			if (memcmp(together[i], alone[i], sizeof(alone[i])))
+				fail_msg("N=%u: sequence %u batched differs from alone", ns[t], i);
+	}
+	kvc_close(c);
+	daemon_stop(&d);
+}
+
+/*
+ * Eight streaming decoders; a 1500-token prompt arrives: every step still
+ * gives each decoder a token (the prefill is chunked under the budget).
+ */
+static void test_prefill_does_not_stall_decodes(void **state)
+{
+	(void)state;
+	if (!have_io_uring())
+		skip();
+	struct daemon d;
+	struct kvc_conn *c, *big, *st;
+	uint32_t s, sb;
+	daemon_start(&d, "--max-batch-tokens", "128", NULL);
+	assert_int_equal(kvc_connect(&c, d.sock), 0);
+	assert_int_equal(kvc_connect(&big, d.sock), 0);
+	assert_int_equal(kvc_connect(&st, d.sock), 0);
+	assert_int_equal(kvc_session_open(c, &s), 0);
+	assert_int_equal(kvc_session_open(big, &sb), 0);
+	uint8_t *arena = kvc_arena(c, NULL);
+	uint32_t ids[64], off_in, off_out[8];
+	for (uint32_t i = 0; i < 8; i++) {
+		uint32_t len = prompt(i, ids);
+		assert_int_equal(kvc_arena_alloc(c, len * 4, &off_in), 0);
+		assert_int_equal(kvc_arena_alloc(c, 400 * 4, &off_out[i]), 0);
+		memcpy(arena + off_in, ids, len * 4);
+		struct kvd_sqe sqe;
+		kvc_prep_generate(&sqe, s, i, i, off_in, len, off_out[i], 400);
+		sqe.flags = KVD_SQE_IGNORE_EOS | KVD_SQE_STREAM;
+		assert_int_equal(kvc_submit(c, &sqe), 0);
+	}
+	/* Let all eight start decoding. */
+	uint32_t got[8] = { 0 };
+	struct kvd_cqe cqe;
+	for (uint32_t started = 0; started < 8;) {
+		assert_int_equal(kvc_wait(c, &cqe, 60000), 0);
+		started += got[cqe.user_data]++ == 0;
+	}
+	/* The long prompt, then count steps and tokens while it is prefilled. */
+	uint8_t *ab = kvc_arena(big, NULL);
+	uint32_t boff, bout;
+	assert_int_equal(kvc_arena_alloc(big, 1500 * 4, &boff), 0);
+	assert_int_equal(kvc_arena_alloc(big, 4, &bout), 0);
+	for (uint32_t k = 0; k < 1500; k++)
+		((uint32_t *)(ab + boff))[k] = 2000 + k % 5000;
+	uint64_t s0 = steps(st);
+	uint32_t before[8];
+	memcpy(before, got, sizeof(got));
+	struct kvd_sqe sqe;
+	kvc_prep_prefill(&sqe, sb, 0, 999, boff, 1500);
+	assert_int_equal(kvc_submit(big, &sqe), 0);
+	assert_int_equal(kvc_wait(big, &cqe, 60000), 0);
+	assert_int_equal(cqe.res, 1500);
+	uint64_t s1 = steps(st);
+	while (kvc_peek(c, &cqe) == 0)
+		got[cqe.user_data]++;
+	uint64_t n = s1 - s0;
+	/* 1500 tokens at under 128 rows a step take at least 12 steps. */
+	assert_true(n >= 12);
+	for (uint32_t i = 0; i < 8; i++)
+		if (got[i] - before[i] + 2 < n)
+			fail_msg("decoder %u got %u tokens in %llu steps of the prefill", i,
+				 got[i] - before[i], (unsigned long long)n);
+	kvc_close(c);
+	kvc_close(big);
+	kvc_close(st);
+	daemon_stop(&d);
+}
+
+/* A pool that holds one request at a time: preemption reorders work, changes no token. */
+static void test_preemption_keeps_tokens(void **state)
+{
+	(void)state;
+	if (!have_io_uring())
+		skip();
+	struct daemon d, small;
+	struct kvc_conn *c;
+	uint32_t s;
+	static uint32_t ample[4][OUT], tight[4][OUT];
+	daemon_start(&d, NULL);
+	assert_int_equal(kvc_connect(&c, d.sock), 0);
+	assert_int_equal(kvc_session_open(c, &s), 0);
+	run_batch(c, s, 4, 3, ample, NULL);
+	kvc_close(c);
+	daemon_stop(&d);
+	/* 4 blocks of 16: each request (14..23 + 12 tokens) needs two or three. */
+	daemon_start(&small, "--kv-blocks", "4", NULL);
+	assert_int_equal(kvc_connect(&c, small.sock), 0);
+	assert_int_equal(kvc_session_open(c, &s), 0);
+	run_batch(c, s, 4, 3, tight, NULL);
+	struct kvd_stats_rep st;
+	assert_int_equal(kvc_stats(c, &st), 0);
+	assert_true(st.preemptions > 0);
+	for (uint32_t i = 0; i < 4; i++)
+		if (memcmp(ample[i], tight[i], sizeof(ample[i])))
+			fail_msg("request %u: tokens differ after preemption", i);
+	kvc_close(c);
+	daemon_stop(&small);
+}
+
+/* With room for one at a time, interactive requests finish before background ones. */
+static void test_priorities(void **state)
+{
+	(void)state;
+	if (!have_io_uring())
+		skip();
+	struct daemon d;
+	struct kvc_conn *c;
+	uint32_t s;
+	static uint32_t out[4][OUT];
+	uint8_t prio[4] = { KVD_PRIO_BACKGROUND, KVD_PRIO_BACKGROUND, KVD_PRIO_INTERACTIVE,
+			    KVD_PRIO_INTERACTIVE };
+	/* 3 blocks of 16: each request (5..14 + 12 tokens) needs two: one runs at a time. */
+	daemon_start(&d, "--kv-blocks", "3", NULL);
+	assert_int_equal(kvc_connect(&c, d.sock), 0);
+	assert_int_equal(kvc_session_open(c, &s), 0);
+	run_batch(c, s, 4, 0, out, prio);
+	/* prio[] now holds completion ranks: both interactive ones come first. */
+	if (!(prio[2] < prio[0] && prio[2] < prio[1] && prio[3] < prio[0] && prio[3] < prio[1]))
+		fail_msg("completion ranks: background %u %u, interactive %u %u", prio[0] - 100,
+			 prio[1] - 100, prio[2] - 100, prio[3] - 100);
+	kvc_close(c);
+	daemon_stop(&d);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_batched_equals_alone),
+		cmocka_unit_test(test_prefill_does_not_stall_decodes),
+		cmocka_unit_test(test_preemption_keeps_tokens),
+		cmocka_unit_test(test_priorities),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
