@@ -264,7 +264,7 @@ static int admit(struct server *srv, struct conn *c, const struct kvd_sqe *q)
 	if (!s)
 		return -ENOENT;
 	if (q->slot >= srv->cfg.max_slots)
-		return -EINVAL;
+		return -ENOENT;
 	if (q->opcode == KVD_OP_CANCEL) {
 		cancel(srv, c, q);
 		return 1;
@@ -817,9 +817,21 @@ static int any_work(struct server *srv)
 				if (s->slots[k].head)
 					return 1;
 		}
-		if (c->region && kvring_ready(c->sq, c->sq_head))
+		if (c->region && kvring_ready(c->sq, c->sq_head) && c->n_ovf < c->cq_entries)
+			return 1;
+		/* Held completions for a CQ with room again. */
+		if (c->n_ovf && c->cq_tail - kvring_load_head(c->cq) < c->cq_entries)
 			return 1;
 	}
+	return 0;
+}
+
+/* Completions held for a full CQ: the client may free room without a kick, so look again soon. */
+static int any_overflow(struct server *srv)
+{
+	for (struct conn *c = srv->conns; c; c = c->next)
+		if (!c->dead && c->n_ovf)
+			return 1;
 	return 0;
 }
 
@@ -875,7 +887,9 @@ static void housekeeping(struct server *srv)
 		if (!c->region)
 			continue;
 		flush_overflow(c);
-		drain_sq(srv, c);
+		/* Back-pressure: while its CQ overflows, a client's SQ waits in shared memory. */
+		if (c->n_ovf < c->cq_entries)
+			drain_sq(srv, c);
 	}
 }
 
@@ -908,6 +922,7 @@ void *sched_thread(void *arg)
 	srv->rows = calloc(srv->cfg.max_batch_rows, sizeof(*srv->rows));
 	srv->row_req = calloc(srv->cfg.max_batch_rows, sizeof(*srv->row_req));
 	pthread_mutex_lock(&srv->lock);
+	kvpool_get_stats(srv->pool, &srv->pool_stats);	/* admission reads the pool's size */
 	if (!srv->rows || !srv->row_req) {
 		log_msg(LOG_ERR, "engine thread: out of memory");
 		srv->stopping = 1;
@@ -931,7 +946,7 @@ void *sched_thread(void *arg)
 			 * loop thread signals; work that waits for blocks is looked
 			 * at again after a short while in any case.
 			 */
-			int waiting = any_work(srv);
+			int waiting = any_work(srv) || any_overflow(srv);
 			set_need_wakeup(srv, 1);
 			if (!waiting || !any_new_sqe(srv)) {
 				if (srv->stopping || waiting) {

@@ -476,7 +476,7 @@ static void on_recv(struct loop *l, struct loop_op *op, int res, int more)
 	if (c->msg.msg_controllen)
 		close_passed_fds(&c->msg);
 	if (c->msg.msg_flags & MSG_TRUNC)
-		reply_error(c, NULL, KVD_MSG_ERROR, -EMSGSIZE);
+		reply_error(c, (const struct kvd_msg_hdr *)c->rx, KVD_MSG_ERROR, -EMSGSIZE);
 	else
 		handle_msg(srv, c, (size_t)res);
 	if (arm_recv(srv, c))

@@ -16,6 +16,7 @@
  * - Results are 0 or a positive count on success, -errno on failure:
  *     -EINVAL     malformed message or SQE (bad opcode, size, reserved field)
  *     -EPROTO     wrong magic or unsupported ABI version
+ *     -EMSGSIZE   a control message longer than any the daemon takes
  *     -EFAULT     an offset/length pair that does not lie inside the arena
  *     -ERANGE     a token id >= the model's vocabulary size
  *     -E2BIG      prompt plus max_tokens exceed the model's context length

@@ -1,0 +1,1685 @@
+/* test_daemon.c — a real kvd on a private socket, driven by a raw client: batching, cancel, hang-ups, malformed input, CQ overflow, wake-ups. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <liburing.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "uapi/kvd.h"
+#include "shm/kvring.h"
+#include "daemon/engine.h"
+#include "daemon/kvpool.h"
+#include "daemon/model.h"
+#include "daemon/sampler.h"
+#include "daemon/tokenizer.h"
+#include "kernels/backend.h"
+
+/*
+ * Every test gets a daemon of its own (started in setup, stopped with
+ * SIGTERM in teardown), so counters and fd tables start from a known state
+ * and the test that kills it hurts nobody. The client here is written from
+ * uapi/kvd.h alone, not libkvclient, so it can also say things a library
+ * never would.
+ */
+
+#define KVD_BIN		"build/kvd"
+#define KV_BLOCKS	"256"		/* 4096 positions of 16: plenty, and quick to reserve */
+#define OUT_OFF		4096		/* arena byte offset of the sampled ids; prompts sit at 0 */
+#define WAIT_MS		20000		/* a CQE that takes longer than this is lost */
+
+/* Five ids well inside any vocabulary, for tests that do not care what they say. */
+static const uint32_t PROMPT[] = { 504, 3575, 282, 4649, 314 };
+#define N_PROMPT ((uint32_t)(sizeof(PROMPT) / sizeof(PROMPT[0])))
+
+static const char *model_path(void)
+{
+	const char *p = getenv("KVD_MODEL");
+	return p && *p ? p : "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+
+static int64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void sleep_ms(int ms)
+{
+	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
+	while (nanosleep(&ts, &ts) && errno == EINTR)
+		;
+}
+
+/* In a forked child: die with the test, whatever assertion ends it early. */
+static void child_bound_to_parent(pid_t parent)
+{
+	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	if (getppid() != parent)
+		_exit(1);
+}
+
+/* ---- the daemon under test ---- */
+
+struct daemon {
+	pid_t pid;		/* 0: not running, or already reaped */
+	char dir[64];		/* mkdtemp'd: the socket and the log */
+	char sock[96];
+	char log[96];
+};
+
+static struct daemon D;
+static int uring_ok;
+static char uring_why[128];
+
+static void daemon_log_tail(void)
+{
+	char buf[4097];
+	FILE *f = fopen(D.log, "r");
+	if (!f)
+		return;
+	fseek(f, 0, SEEK_END);
+	long n = ftell(f);
+	fseek(f, n > 4096 ? n - 4096 : 0, SEEK_SET);
+	size_t got = fread(buf, 1, sizeof(buf) - 1, f);
+	buf[got] = 0;
+	fclose(f);
+	print_message("---- tail of %s ----\n%s---- end ----\n", D.log, buf);
+}
+
+static int try_connect(const char *path)
+{
+	struct sockaddr_un a = { .sun_family = AF_UNIX };
+	snprintf(a.sun_path, sizeof(a.sun_path), "%s", path);
+	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	if (connect(fd, (struct sockaddr *)&a, sizeof(a))) {
+		int rc = -errno;
+		close(fd);
+		return rc;
+	}
+	return fd;
+}
+
+/*
+ * fork+exec build/kvd on a fresh socket; 0 once it accepts connections.
+ * threads: its compute threads, NULL for its default (every core).
+ */
+static int daemon_start(const char *threads)
+{
+	memset(&D, 0, sizeof(D));
+	snprintf(D.dir, sizeof(D.dir), "/tmp/kvd-test.XXXXXX");
+	if (!mkdtemp(D.dir)) {
+		D.dir[0] = 0;
+		return -errno;
+	}
+	snprintf(D.sock, sizeof(D.sock), "%s/kvd.sock", D.dir);
+	snprintf(D.log, sizeof(D.log), "%s/kvd.log", D.dir);
+	if (access(KVD_BIN, X_OK)) {
+		print_message("%s is missing: run `make` first\n", KVD_BIN);
+		return -ENOENT;
+	}
+	int logfd = open(D.log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (logfd < 0)
+		return -errno;
+	pid_t pid = fork();
+	if (pid < 0) {
+		int rc = -errno;
+		close(logfd);
+		return rc;
+	}
+	if (pid == 0) {
+		char *argv[] = { KVD_BIN, "--model", (char *)model_path(), "--socket", D.sock,
+				 "--kv-blocks", KV_BLOCKS, "--drain-timeout", "2000",
+				 "--log-level", "debug", NULL, NULL, NULL };
+		if (threads) {
+			argv[11] = "--threads";
+			argv[12] = (char *)threads;
+		}
+		int null = open("/dev/null", O_RDONLY);
+		if (null < 0 || dup2(null, 0) < 0 || dup2(logfd, 1) < 0 || dup2(logfd, 2) < 0)
+			_exit(126);
+		/* A test that crashes takes its daemon with it. */
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		execv(KVD_BIN, argv);
+		_exit(127);
+	}
+	close(logfd);
+	D.pid = pid;
+	for (int64_t end = now_ms() + 30000; now_ms() < end; sleep_ms(20)) {
+		int st, fd = try_connect(D.sock);
+		if (fd >= 0) {
+			close(fd);
+			return 0;
+		}
+		if (waitpid(pid, &st, WNOHANG) == pid) {
+			D.pid = 0;
+			print_message("kvd exited while starting (wait status %#x)\n", st);
+			daemon_log_tail();
+			return -ECHILD;
+		}
+	}
+	print_message("kvd did not accept a connection within 30 s\n");
+	daemon_log_tail();
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+	D.pid = 0;
+	return -ETIMEDOUT;
+}
+
+/* SIGTERM, then up to 10 s to drain: 0 when kvd exited with status 0. */
+static int daemon_stop(void)
+{
+	if (!D.pid)
+		return 0;
+	kill(D.pid, SIGTERM);
+	int st = 0;
+	pid_t w = 0;
+	for (int64_t end = now_ms() + 10000; (w = waitpid(D.pid, &st, WNOHANG)) == 0 && now_ms() < end;)
+		sleep_ms(10);
+	if (w < 0) {
+		print_message("waitpid(kvd): %s\n", strerror(errno));
+	} else if (w == 0) {
+		kill(D.pid, SIGKILL);
+		waitpid(D.pid, &st, 0);
+		print_message("kvd ignored SIGTERM for 10 s\n");
+	} else if (WIFSIGNALED(st)) {
+		print_message("kvd died of signal %d on SIGTERM instead of draining and exiting 0\n",
+			      WTERMSIG(st));
+	} else if (WEXITSTATUS(st)) {
+		print_message("kvd exited with status %d on SIGTERM\n", WEXITSTATUS(st));
+	}
+	D.pid = 0;
+	if (w <= 0 || !WIFEXITED(st) || WEXITSTATUS(st)) {
+		daemon_log_tail();
+		return -1;
+	}
+	return 0;
+}
+
+static void daemon_remove_dir(void)
+{
+	if (!D.dir[0])
+		return;
+	unlink(D.log);
+	unlink(D.sock);	/* left behind when the daemon was killed */
+	rmdir(D.dir);
+	D.dir[0] = 0;
+}
+
+/* For failures where the daemon went quiet: its own account, then the failure. */
+#define fail_with_log(...)			\
+	do {					\
+		daemon_log_tail();		\
+		fail_msg(__VA_ARGS__);		\
+	} while (0)
+
+/* Entries of /proc/<daemon>/fd. */
+static int daemon_fds(void)
+{
+	char path[64];
+	snprintf(path, sizeof(path), "/proc/%d/fd", (int)D.pid);
+	DIR *d = opendir(path);
+	if (!d)
+		return -errno;
+	int n = 0;
+	for (struct dirent *e; (e = readdir(d));)
+		n += e->d_name[0] != '.';
+	closedir(d);
+	return n;
+}
+
+/* ---- a raw client: the wire protocol by hand ---- */
+
+struct raw {
+	int fd;				/* the SOCK_SEQPACKET connection */
+	int memfd, kick_fd, call_fd;	/* from the first SESSION_OPEN */
+	uint8_t *region;		/* (region_bytes,) shared with the daemon */
+	size_t region_bytes;
+	struct kvd_ring_hdr *sq, *cq;
+	struct kvd_sqe *sqes;		/* (sq_entries,) */
+	struct kvd_cqe *cqes;		/* (cq_entries,) */
+	uint8_t *arena;			/* (arena_bytes,) */
+	uint32_t arena_bytes, sq_entries, cq_entries;
+	uint32_t sq_tail;		/* ours; published to sq->tail */
+	uint32_t cq_head;		/* ours; published to cq->head */
+	uint32_t seq;			/* of the last control message */
+	uint32_t session;		/* the first session's id */
+	struct kvd_hello_rep hello;
+};
+
+static void raw_init(struct raw *r)
+{
+	memset(r, 0, sizeof(*r));
+	r->fd = r->memfd = r->kick_fd = r->call_fd = -1;
+}
+
+static void raw_close(struct raw *r)
+{
+	if (r->region)
+		munmap(r->region, r->region_bytes);
+	int fds[4] = { r->fd, r->memfd, r->kick_fd, r->call_fd };
+	for (int i = 0; i < 4; i++)
+		if (fds[i] >= 0)
+			close(fds[i]);
+	raw_init(r);
+}
+
+static int raw_connect(struct raw *r)
+{
+	raw_init(r);
+	r->fd = try_connect(D.sock);
+	return r->fd < 0 ? r->fd : 0;
+}
+
+static struct kvd_msg_hdr msg_hdr(uint16_t type, size_t len)
+{
+	return (struct kvd_msg_hdr){ .magic = KVD_MAGIC, .type = type, .len = (uint32_t)len };
+}
+
+/*
+ * One datagram within timeout_ms: its length, 0 at EOF, or -errno
+ * (-ETIMEDOUT). Passed fds go to fds (at most 4, *nfds of them); with fds
+ * NULL they are closed.
+ */
+static int raw_recv(struct raw *r, void *buf, size_t cap, int *fds, int *nfds, int timeout_ms)
+{
+	struct pollfd p = { r->fd, POLLIN, 0 };
+	int n = poll(&p, 1, timeout_ms);
+	if (n <= 0)
+		return n < 0 ? -errno : -ETIMEDOUT;
+	union {
+		char b[CMSG_SPACE(4 * sizeof(int))];
+		struct cmsghdr align;
+	} u;
+	struct iovec iov = { buf, cap };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.b,
+			     .msg_controllen = sizeof(u.b) };
+	ssize_t got = recvmsg(r->fd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+	if (got < 0)
+		return -errno;
+	int k = 0;
+	for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
+		if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+			continue;
+		int cnt = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+		for (int i = 0; i < cnt; i++) {
+			int fd;
+			memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(fd));
+			if (fds && k < 4)
+				fds[k++] = fd;
+			else
+				close(fd);
+		}
+	}
+	if (nfds)
+		*nfds = k;
+	if (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
+		while (k)
+			close(fds[--k]);
+		if (nfds)
+			*nfds = 0;
+		return -EMSGSIZE;
+	}
+	return (int)got;
+}
+
+/* Send req (its header's seq is filled in here) and take the reply: its length or -errno. */
+static int raw_call(struct raw *r, void *req, size_t len, void *rep, size_t cap, int *fds,
+		    int *nfds)
+{
+	struct kvd_msg_hdr *q = req;
+	q->seq = ++r->seq;
+	if (send(r->fd, req, len, MSG_NOSIGNAL) != (ssize_t)len)
+		return -errno;
+	int n = raw_recv(r, rep, cap, fds, nfds, 5000);
+	if (n <= 0)
+		return n ? n : -ECONNRESET;
+	const struct kvd_msg_hdr *h = rep;
+	if ((size_t)n < sizeof(*h) || h->magic != KVD_MAGIC || !(h->flags & KVD_MSGF_REPLY) ||
+	    h->seq != q->seq || h->len != (uint32_t)n) {
+		if (nfds)
+			while (*nfds)
+				close(fds[--*nfds]);
+		return -EPROTO;
+	}
+	return n;
+}
+
+static int raw_hello(struct raw *r, uint32_t features)
+{
+	struct kvd_hello_req q = { .hdr = msg_hdr(KVD_MSG_HELLO, sizeof(q)),
+				   .abi_version = KVD_ABI_VERSION, .features = features };
+	int n = raw_call(r, &q, sizeof(q), &r->hello, sizeof(r->hello), NULL, NULL);
+	if (n < 0)
+		return n;
+	if (r->hello.hdr.status)
+		return r->hello.hdr.status;
+	/* Senders zero reserved fields: the daemon too. */
+	return n == (int)sizeof(r->hello) && r->hello.hdr.type == KVD_MSG_HELLO &&
+	       !r->hello.resv[0] && !r->hello.resv[1] ? 0 : -EPROTO;
+}
+
+/* Map the region a first SESSION_OPEN reply describes; fds (memfd, kick, call) become r's on 0. */
+static int raw_map(struct raw *r, const struct kvd_session_open_rep *a, const int *fds)
+{
+	const uint64_t offs[5] = { a->sq_off, a->cq_off, a->sqes_off, a->cqes_off, a->arena_off };
+	/* Every part starts on a 64-byte boundary and lies inside the region. */
+	for (int i = 0; i < 5; i++)
+		if (offs[i] % 64 || offs[i] >= a->region_bytes)
+			return -EPROTO;
+	if (a->sqes_off + (uint64_t)a->sq_entries * sizeof(struct kvd_sqe) > a->region_bytes ||
+	    a->cqes_off + (uint64_t)a->cq_entries * sizeof(struct kvd_cqe) > a->region_bytes ||
+	    a->arena_off + a->arena_bytes > a->region_bytes)
+		return -EPROTO;
+	uint8_t *p = mmap(NULL, a->region_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
+	if (p == MAP_FAILED)
+		return -errno;
+	if (((struct kvd_ring_hdr *)(p + a->sq_off))->ring_entries != a->sq_entries ||
+	    ((struct kvd_ring_hdr *)(p + a->cq_off))->ring_entries != a->cq_entries) {
+		munmap(p, a->region_bytes);
+		return -EPROTO;
+	}
+	r->region = p;
+	r->region_bytes = a->region_bytes;
+	r->sq = (struct kvd_ring_hdr *)(r->region + a->sq_off);
+	r->cq = (struct kvd_ring_hdr *)(r->region + a->cq_off);
+	r->sqes = (struct kvd_sqe *)(r->region + a->sqes_off);
+	r->cqes = (struct kvd_cqe *)(r->region + a->cqes_off);
+	r->arena = r->region + a->arena_off;
+	r->arena_bytes = a->arena_bytes;
+	r->sq_entries = a->sq_entries;
+	r->cq_entries = a->cq_entries;
+	r->memfd = fds[0];
+	r->kick_fd = fds[1];
+	r->call_fd = fds[2];
+	return 0;
+}
+
+/* SESSION_OPEN; the first one also maps the region. 0 (id in *id), the reply's status or -errno. */
+static int raw_session_open(struct raw *r, uint32_t sq, uint32_t cq, uint32_t *id)
+{
+	struct kvd_session_open_req q = { .hdr = msg_hdr(KVD_MSG_SESSION_OPEN, sizeof(q)),
+					  .sq_entries = sq, .cq_entries = cq };
+	struct kvd_session_open_rep a;
+	int fds[4], nfds = 0;
+	int n = raw_call(r, &q, sizeof(q), &a, sizeof(a), fds, &nfds);
+	if (n < 0)
+		return n;
+	int rc = 0, first = !r->region;
+	if (a.hdr.status)
+		rc = a.hdr.status;
+	else if (n != (int)sizeof(a) || a.hdr.type != KVD_MSG_SESSION_OPEN || a.resv0)
+		rc = -EPROTO;
+	else if (first != !!(a.flags & KVD_OPENF_FDS) || nfds != (first ? 3 : 0))
+		rc = -EPROTO;
+	else if (first)
+		rc = raw_map(r, &a, fds);
+	if (rc)
+		while (nfds)
+			close(fds[--nfds]);
+	if (!rc)
+		*id = a.session_id;
+	return rc;
+}
+
+/* Connect, HELLO, SESSION_OPEN with sq/cq entries (0: defaults). */
+static int raw_open(struct raw *r, uint32_t sq, uint32_t cq)
+{
+	int rc = raw_connect(r);
+	if (!rc)
+		rc = raw_hello(r, KVD_FEAT_ALL & ~KVD_FEAT_VOCAB);
+	if (!rc)
+		rc = raw_session_open(r, sq, cq, &r->session);
+	if (rc)
+		raw_close(r);
+	return rc;
+}
+
+static int raw_stats(struct raw *r, struct kvd_stats_rep *st)
+{
+	struct kvd_msg_hdr q = msg_hdr(KVD_MSG_STATS, sizeof(q));
+	int n = raw_call(r, &q, sizeof(q), st, sizeof(*st), NULL, NULL);
+	if (n < 0)
+		return n;
+	if (st->hdr.status)
+		return st->hdr.status;
+	return n == (int)sizeof(*st) && st->hdr.type == KVD_MSG_STATS ? 0 : -EPROTO;
+}
+
+/*
+ * Kick the daemon if it said it sleeps. The full barrier in
+ * kvring_needs_wakeup() orders our tail (or CQ head) store before the flag
+ * load; it pairs with the one in the daemon's kvring_set_need_wakeup().
+ */
+static int raw_kick_if_asleep(struct raw *r)
+{
+	if (!kvring_needs_wakeup(r->sq))
+		return 0;
+	uint64_t one = 1;
+	return write(r->kick_fd, &one, sizeof(one)) == (ssize_t)sizeof(one) ? 0 : -errno;
+}
+
+/* Publish one SQE; -EAGAIN when the SQ is full. */
+static int raw_submit(struct raw *r, const struct kvd_sqe *q)
+{
+	if (kvring_space(r->sq, r->sq_tail) == 0)
+		return -EAGAIN;
+	r->sqes[r->sq_tail & (r->sq_entries - 1)] = *q;
+	kvring_publish(r->sq, ++r->sq_tail);
+	return raw_kick_if_asleep(r);
+}
+
+/* Take one CQE if there is one (1), else 0. */
+static int raw_peek(struct raw *r, struct kvd_cqe *out)
+{
+	if (kvring_ready(r->cq, r->cq_head) == 0)
+		return 0;
+	*out = r->cqes[r->cq_head & (r->cq_entries - 1)];
+	kvring_consume(r->cq, ++r->cq_head);
+	/* Room freed while the daemon holds overflow: it may sleep waiting for exactly that. */
+	if (__atomic_load_n(&r->cq->flags, __ATOMIC_ACQUIRE) & KVD_RING_CQ_OVERFLOW)
+		raw_kick_if_asleep(r);
+	return 1;
+}
+
+/*
+ * Wait for a CQE the way a client library sleeps: set CQ NEED_WAKEUP, look
+ * once more, then poll the call eventfd and the socket. 0 with a CQE,
+ * -ETIMEDOUT, -ECONNRESET when the daemon hung up.
+ */
+static int raw_wait(struct raw *r, struct kvd_cqe *out, int timeout_ms)
+{
+	int64_t end = now_ms() + timeout_ms;
+	for (;;) {
+		if (raw_peek(r, out))
+			return 0;
+		kvring_set_need_wakeup(r->cq);
+		if (raw_peek(r, out)) {
+			kvring_clear_need_wakeup(r->cq);
+			return 0;
+		}
+		struct pollfd p[2] = { { r->call_fd, POLLIN, 0 }, { r->fd, POLLIN, 0 } };
+		int64_t left = end - now_ms();
+		int n = poll(p, 2, left > 0 ? (int)left : 0);
+		kvring_clear_need_wakeup(r->cq);
+		if (n < 0 && errno != EINTR)
+			return -errno;
+		if (p[0].revents & POLLIN) {
+			uint64_t v;
+			if (read(r->call_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+				return -errno;
+		}
+		/* A daemon that exits may have posted completions first: they are ours still. */
+		if ((p[1].revents & (POLLHUP | POLLERR | POLLIN)) && raw_peek(r, out))
+			return 0;
+		if (p[1].revents & (POLLHUP | POLLERR))
+			return -ECONNRESET;
+		if (p[1].revents & POLLIN) {
+			char b;
+			/* The daemon sends nothing unasked: anything readable is EOF or a protocol error. */
+			return recv(r->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 0 ? -ECONNRESET : -EPROTO;
+		}
+		if (n == 0 && now_ms() >= end)
+			return raw_peek(r, out) ? 0 : -ETIMEDOUT;
+	}
+}
+
+/* Wait for ud's final CQE, passing over its MORE ones; another request's CQE is -EPROTO. */
+static int raw_finish(struct raw *r, uint64_t ud, struct kvd_cqe *fin)
+{
+	for (;;) {
+		int rc = raw_wait(r, fin, WAIT_MS);
+		if (rc)
+			return rc;
+		if (fin->user_data != ud)
+			return -EPROTO;
+		if (!(fin->flags & KVD_CQE_MORE))
+			return 0;
+	}
+}
+
+static const uint32_t *raw_out(const struct raw *r)
+{
+	return (const uint32_t *)(r->arena + OUT_OFF);
+}
+
+/* GENERATE of max_tokens after PROMPT, which this puts at arena offset 0. */
+static struct kvd_sqe gen_sqe(struct raw *r, uint64_t ud, uint32_t max_tokens, uint16_t flags)
+{
+	memcpy(r->arena, PROMPT, sizeof(PROMPT));
+	return (struct kvd_sqe){ .opcode = KVD_OP_GENERATE, .flags = flags, .session_id = r->session,
+				 .user_data = ud, .tokens_off = 0, .n_tokens = N_PROMPT,
+				 .out_off = OUT_OFF, .max_tokens = max_tokens };
+}
+
+static struct kvd_sqe reset_sqe(const struct raw *r, uint64_t ud, uint32_t slot)
+{
+	return (struct kvd_sqe){ .opcode = KVD_OP_RESET, .session_id = r->session,
+				 .user_data = ud, .slot = slot };
+}
+
+/* The connection still works: a short GENERATE completes with all its tokens. */
+static void assert_serves(struct raw *r, const char *after)
+{
+	struct kvd_sqe q = gen_sqe(r, 0x5e5e, 4, KVD_SQE_IGNORE_EOS);
+	struct kvd_cqe c = { 0 };
+	int rc = raw_submit(r, &q);
+	if (!rc)
+		rc = raw_finish(r, q.user_data, &c);
+	if (rc)
+		fail_with_log("after %s: GENERATE got no final CQE: %s", after, strerror(-rc));
+	if (c.res != 4 || c.n_out != 4 || !(c.flags & KVD_CQE_LENGTH))
+		fail_msg("after %s: GENERATE ended res %d n_out %u flags %#x, want 4 tokens, LENGTH",
+			 after, c.res, c.n_out, c.flags);
+}
+
+/* Ask STATS until pred holds or timeout_ms pass; the last reply in *st. */
+static int stats_until(struct raw *r, struct kvd_stats_rep *st, int timeout_ms,
+		       int (*pred)(const struct kvd_stats_rep *, const void *), const void *arg)
+{
+	for (int64_t end = now_ms() + timeout_ms;; sleep_ms(20)) {
+		int rc = raw_stats(r, st);
+		if (rc)
+			return rc;
+		if (pred(st, arg))
+			return 0;
+		if (now_ms() >= end)
+			return -ETIMEDOUT;
+	}
+}
+
+static int used_is(const struct kvd_stats_rep *st, const void *want)
+{
+	return st->kv_blocks_used == *(const uint64_t *)want;
+}
+
+static int conns_are(const struct kvd_stats_rep *st, const void *want)
+{
+	return st->connections == *(const uint32_t *)want;
+}
+
+/* ---- setup ---- */
+
+static int group_setup(void **state)
+{
+	(void)state;
+	signal(SIGPIPE, SIG_IGN);
+	struct io_uring ring;
+	int rc = io_uring_queue_init(4, &ring, 0);
+	if (rc == -ENOSYS || rc == -EPERM) {
+		snprintf(uring_why, sizeof(uring_why),
+			 "io_uring is unavailable here (%s): kvd cannot serve", strerror(-rc));
+		return 0;
+	}
+	if (!rc)
+		io_uring_queue_exit(&ring);
+	uring_ok = 1;	/* any other failure is the daemon's to report */
+	return 0;
+}
+
+/*
+ * One compute thread, for the daemon and for test 1's reference engine: the
+ * pool's workers spin, and a pool of one thread per core slows down 30-fold
+ * or more when anything else wants those cores (another daemon, a build), so
+ * the tests would crawl and time out on a busy machine.
+ */
+static int setup(void **state)
+{
+	(void)state;
+	if (!uring_ok)
+		return 0;
+	if (!daemon_start("1"))
+		return 0;
+	daemon_remove_dir();	/* no teardown follows a failed setup */
+	return -1;
+}
+
+/* The daemon as it is usually run: one compute thread per core. */
+static int setup_all_cores(void **state)
+{
+	(void)state;
+	if (!uring_ok)
+		return 0;
+	if (!daemon_start(NULL))
+		return 0;
+	daemon_remove_dir();
+	return -1;
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	int rc = daemon_stop();
+	daemon_remove_dir();
+	return rc;
+}
+
+static void need_daemon(void)
+{
+	if (!uring_ok) {
+		print_message("skipped: %s\n", uring_why);
+		skip();
+	}
+}
+
+/* ---- 1. concurrent client processes get exactly the in-process tokens ---- */
+
+#define N_CLIENTS	8
+#define GEN_TOKENS	16
+#define MAX_PROMPT	48
+
+struct client_case {
+	const char *prompt;
+	uint16_t temperature_milli, top_k, top_p_e4, min_p_e4, repeat_penalty_milli, repeat_last_n;
+	uint64_t seed;
+	int stream;
+};
+
+static const struct client_case CASES[N_CLIENTS] = {
+	{ .prompt = "The capital of France is" },
+	{ .prompt = "Once upon a time, there was a", .seed = 7, .stream = 1 },
+	{ .prompt = "def fibonacci(n):", .temperature_milli = 800, .top_k = 40, .top_p_e4 = 9000,
+	  .seed = 1 },
+	{ .prompt = "The three primary colors are", .temperature_milli = 800, .top_k = 40,
+	  .top_p_e4 = 9000, .seed = 2, .stream = 1 },
+	{ .prompt = "In 1969, astronauts", .temperature_milli = 800, .top_p_e4 = 9500,
+	  .min_p_e4 = 500, .seed = 3 },
+	{ .prompt = "My favourite recipe for soup", .temperature_milli = 800, .top_k = 20,
+	  .repeat_penalty_milli = 1100, .seed = 4, .stream = 1 },
+	{ .prompt = "Water boils at", .repeat_penalty_milli = 1300, .repeat_last_n = 16, .seed = 5 },
+	{ .prompt = "Here is a short poem about the sea:", .temperature_milli = 800, .top_k = 50,
+	  .top_p_e4 = 9000, .min_p_e4 = 200, .repeat_penalty_milli = 1050, .repeat_last_n = 32,
+	  .seed = 6, .stream = 1 },
+};
+
+/* What a child reports through the results pipe (< PIPE_BUF: written at once). */
+struct client_result {
+	uint32_t idx;
+	int32_t status;		/* 0, or -errno of what went wrong on the client side */
+	int32_t res;
+	uint32_t flags;
+	uint32_t n_out;
+	uint32_t n_more;	/* streamed CQEs */
+	uint32_t tokens[GEN_TOKENS];
+};
+
+static struct kvd_sqe case_sqe(uint32_t session, uint32_t idx, uint32_t n_prompt)
+{
+	const struct client_case *k = &CASES[idx];
+	return (struct kvd_sqe){
+		.opcode = KVD_OP_GENERATE, .flags = k->stream ? KVD_SQE_STREAM : 0,
+		.session_id = session, .user_data = 1000 + idx, .tokens_off = 0,
+		.n_tokens = n_prompt, .out_off = OUT_OFF, .max_tokens = GEN_TOKENS, .seed = k->seed,
+		.temperature_milli = k->temperature_milli, .top_k = k->top_k,
+		.top_p_e4 = k->top_p_e4, .min_p_e4 = k->min_p_e4,
+		.repeat_penalty_milli = k->repeat_penalty_milli, .repeat_last_n = k->repeat_last_n,
+	};
+}
+
+/* The sampler a GENERATE asks for, read from its fixed-point fields as uapi/kvd.h defines them. */
+static void params_from_sqe(const struct kvd_sqe *q, struct sampler_params *p)
+{
+	sampler_params_default(p);
+	p->temperature = (float)q->temperature_milli / 1000.0f;
+	p->top_k = q->top_k;
+	p->top_p = q->top_p_e4 ? (float)q->top_p_e4 / 10000.0f : 1.0f;
+	p->min_p = (float)q->min_p_e4 / 10000.0f;
+	p->repeat_penalty = q->repeat_penalty_milli ? (float)q->repeat_penalty_milli / 1000.0f : 1.0f;
+	p->repeat_last_n = q->repeat_last_n ? q->repeat_last_n : 64;
+	p->seed = q->seed;
+}
+
+/* In the child: one GENERATE, started when the parent closes go_fd; never returns. */
+static void client_main(uint32_t idx, const uint32_t *prompt, uint32_t n, int ready_fd, int go_fd,
+			int res_fd)
+{
+	struct client_result out = { .idx = idx };
+	struct raw r;
+	struct kvd_cqe c;
+	char b = 1;
+	int rc = raw_open(&r, 0, 0);
+	alarm(60);	/* a lost client must not outlive the test by long */
+	if (write(ready_fd, &b, 1) != 1 || read(go_fd, &b, 1) != 0)
+		rc = rc ? rc : -EPIPE;
+	struct kvd_sqe q = { 0 };
+	if (!rc) {
+		memcpy(r.arena, prompt, (size_t)n * sizeof(uint32_t));
+		q = case_sqe(r.session, idx, n);
+		rc = raw_submit(&r, &q);
+	}
+	while (!rc && !(rc = raw_wait(&r, &c, WAIT_MS))) {
+		if (c.user_data != q.user_data) {
+			rc = -EPROTO;
+		} else if (c.flags & KVD_CQE_MORE) {
+			/* A streamed token is already in the arena and matches the CQE. */
+			out.n_more++;
+			if (c.n_out != out.n_more || c.res != (int32_t)c.n_out || c.n_out > GEN_TOKENS ||
+			    raw_out(&r)[c.n_out - 1] != c.token)
+				rc = -EBADMSG;
+		} else {
+			out.res = c.res;
+			out.flags = c.flags;
+			out.n_out = c.n_out;
+			if (c.res > 0 && c.res <= GEN_TOKENS)
+				memcpy(out.tokens, raw_out(&r), (size_t)c.res * sizeof(uint32_t));
+			break;
+		}
+	}
+	out.status = rc;
+	raw_close(&r);
+	_exit(write(res_fd, &out, sizeof(out)) == (ssize_t)sizeof(out) ? 0 : 1);
+}
+
+struct expected {
+	uint32_t prompt[MAX_PROMPT];
+	uint32_t n_prompt;
+	uint32_t tokens[GEN_TOKENS];
+	uint32_t n;
+	uint32_t flags;		/* KVD_CQE_EOS or KVD_CQE_LENGTH */
+};
+
+/* Prefill, then sample/forward one token at a time, exactly as the daemon's scheduler does. */
+static void expect_in_process(struct engine *e, const struct tokenizer *tok, uint32_t vocab,
+			      const struct kvd_sqe *q, struct expected *x)
+{
+	struct engine_seq seq;
+	struct engine_row rows[MAX_PROMPT];
+	struct sampler_params sp;
+	struct sampler *smp;
+	float *logits = malloc((size_t)vocab * sizeof(float));
+	assert_non_null(logits);
+	params_from_sqe(q, &sp);
+	assert_int_equal(sampler_create(&smp, &sp, vocab), 0);
+	engine_seq_init(e, &seq, 0);
+	for (uint32_t i = 0; i < x->n_prompt; i++)
+		rows[i] = (struct engine_row){ &seq, i, x->prompt[i], i + 1 == x->n_prompt };
+	assert_int_equal(engine_forward(e, rows, x->n_prompt, logits), 0);
+	for (x->n = 0;;) {
+		/* The history is what the sequence has cached: the prompt and the tokens fed so far. */
+		uint32_t t = sampler_sample(smp, logits, seq.kv.tokens, seq.kv.n_tokens);
+		x->tokens[x->n++] = t;
+		if (tokenizer_is_eog(tok, t)) {
+			x->flags = KVD_CQE_EOS;
+			break;
+		}
+		if (x->n == q->max_tokens) {
+			x->flags = KVD_CQE_LENGTH;
+			break;
+		}
+		struct engine_row row = { &seq, engine_seq_len(&seq), t, 1 };
+		assert_int_equal(engine_forward(e, &row, 1, logits), 0);
+	}
+	engine_seq_release(e, &seq);
+	sampler_destroy(smp);
+	free(logits);
+}
+
+/* Loads the model and computes every case's tokens; all threads gone when it returns. */
+static void expect_all(struct expected *x)
+{
+	char err[256];
+	struct model *m;
+	struct tokenizer *tok;
+	struct backend *be;
+	struct kvpool *pool;
+	struct engine *e;
+	if (model_load(&m, model_path(), err, sizeof(err)))
+		fail_msg("cannot load model '%s': %s", model_path(), err);
+	assert_int_equal(tokenizer_create(&tok, m->gguf, err, sizeof(err)), 0);
+	assert_int_equal(backend_cpu_create(&be, 1), 0);	/* see setup() */
+	/* The daemon's pool: 16-token f16 blocks. */
+	struct kvpool_config pc = { .n_blocks = 64, .block_tokens = 16, .n_layers = m->hp.n_layers,
+				    .kv_dim = m->hp.kv_dim, .kv_type = KB_F16 };
+	assert_int_equal(kvpool_create(&pool, &pc), 0);
+	assert_int_equal(engine_create(&e, m, be, pool, MAX_PROMPT), 0);
+	for (uint32_t i = 0; i < N_CLIENTS; i++) {
+		const char *p = CASES[i].prompt;
+		int n = tokenizer_encode(tok, p, strlen(p), tokenizer_add_bos(tok), 0, x[i].prompt,
+					 MAX_PROMPT);
+		assert_in_range(n, 1, MAX_PROMPT);
+		x[i].n_prompt = (uint32_t)n;
+		struct kvd_sqe q = case_sqe(0, i, x[i].n_prompt);
+		expect_in_process(e, tok, m->hp.vocab, &q, &x[i]);
+	}
+	engine_destroy(e);
+	kvpool_destroy(pool);
+	be->ops->destroy(be);
+	tokenizer_destroy(tok);
+	model_free(m);
+}
+
+/* Read exactly len bytes within timeout_ms: 0, -ETIMEDOUT, or -EPIPE at EOF. */
+static int read_full(int fd, void *buf, size_t len, int timeout_ms)
+{
+	int64_t end = now_ms() + timeout_ms;
+	for (size_t got = 0; got < len;) {
+		struct pollfd p = { fd, POLLIN, 0 };
+		int64_t left = end - now_ms();
+		if (left <= 0 || poll(&p, 1, (int)left) == 0)
+			return -ETIMEDOUT;
+		ssize_t n = read(fd, (char *)buf + got, len - got);
+		if (n < 0 && errno != EINTR)
+			return -errno;
+		if (n == 0)
+			return -EPIPE;
+		got += n > 0 ? (size_t)n : 0;
+	}
+	return 0;
+}
+
+static void test_concurrent_clients_match_in_process(void **state)
+{
+	(void)state;
+	need_daemon();
+	static struct expected x[N_CLIENTS];
+	/* Before any fork: the backend's threads must be gone when the children are made. */
+	expect_all(x);
+
+	int ready[2], go[2], res[2];
+	assert_int_equal(pipe2(ready, O_CLOEXEC), 0);
+	assert_int_equal(pipe2(go, O_CLOEXEC), 0);
+	assert_int_equal(pipe2(res, O_CLOEXEC), 0);
+	pid_t kids[N_CLIENTS], parent = getpid();
+	for (uint32_t i = 0; i < N_CLIENTS; i++) {
+		kids[i] = fork();
+		assert_true(kids[i] >= 0);
+		if (kids[i] == 0) {
+			child_bound_to_parent(parent);
+			close(ready[0]);
+			close(go[1]);
+			close(res[0]);
+			client_main(i, x[i].prompt, x[i].n_prompt, ready[1], go[0], res[1]);
+		}
+	}
+	close(ready[1]);
+	close(go[0]);
+	close(res[1]);
+	/* Every client connected and waiting: let them all go at once, so the daemon batches them. */
+	char b[N_CLIENTS];
+	assert_int_equal(read_full(ready[0], b, sizeof(b), 30000), 0);
+	close(go[1]);
+	struct client_result got[N_CLIENTS];
+	int seen[N_CLIENTS] = { 0 };
+	for (uint32_t i = 0; i < N_CLIENTS; i++) {
+		struct client_result cr;
+		int rc = read_full(res[0], &cr, sizeof(cr), 60000);
+		if (rc)
+			fail_with_log("only %u of %d clients reported: %s", i, N_CLIENTS, strerror(-rc));
+		assert_true(cr.idx < N_CLIENTS && !seen[cr.idx]);
+		seen[cr.idx] = 1;
+		got[cr.idx] = cr;
+	}
+	for (uint32_t i = 0; i < N_CLIENTS; i++) {
+		int st;
+		assert_int_equal(waitpid(kids[i], &st, 0), kids[i]);
+		assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	}
+	close(ready[0]);
+	close(res[0]);
+
+	int bad = 0;
+	for (uint32_t i = 0; i < N_CLIENTS; i++) {
+		const struct client_result *g = &got[i];
+		const struct expected *w = &x[i];
+		/* Streamed: a MORE CQE for every token but the last, which the final CQE carries. */
+		uint32_t want_more = CASES[i].stream ? w->n - 1 : 0;
+		int same = g->status == 0 && g->res == (int32_t)w->n && g->n_out == w->n &&
+			   (g->flags & ~KVD_CQE_PREFIX_HIT) == w->flags && g->n_more == want_more &&
+			   !memcmp(g->tokens, w->tokens, w->n * sizeof(uint32_t));
+		if (same)
+			continue;
+		bad++;
+		print_error("client %u (\"%s\", temp %u, seed %llu): %s%s res %d n_out %u flags %#x"
+			    " MORE CQEs %u, want res %u flags %#x MORE CQEs %u\n", i, CASES[i].prompt,
+			    CASES[i].temperature_milli, (unsigned long long)CASES[i].seed,
+			    g->status ? "client failed: " : "", g->status ? strerror(-g->status) : "ok",
+			    g->res, g->n_out, g->flags, g->n_more, w->n, w->flags, want_more);
+		for (uint32_t k = 0; k < w->n && g->status == 0; k++)
+			print_error("  token %2u: got %5u want %5u%s\n", k, k < (uint32_t)g->res ?
+				    g->tokens[k] : 0, w->tokens[k],
+				    k < (uint32_t)g->res && g->tokens[k] == w->tokens[k] ? "" : "  <--");
+	}
+	if (bad)
+		fail_msg("%d of %d clients got other tokens than the in-process engine", bad, N_CLIENTS);
+}
+
+/* ---- 2. CANCEL mid-generation ---- */
+
+static void test_cancel_mid_generation(void **state)
+{
+	(void)state;
+	need_daemon();
+	struct raw r;
+	struct kvd_stats_rep st0, st;
+	struct kvd_cqe c, fin = { 0 };
+	assert_int_equal(raw_open(&r, 0, 0), 0);
+	assert_int_equal(raw_stats(&r, &st0), 0);
+
+	struct kvd_sqe q = gen_sqe(&r, 100, 200, KVD_SQE_STREAM | KVD_SQE_IGNORE_EOS);
+	assert_int_equal(raw_submit(&r, &q), 0);
+	uint32_t n_more = 0;
+	while (n_more < 3) {
+		assert_int_equal(raw_wait(&r, &c, WAIT_MS), 0);
+		assert_int_equal(c.user_data, 100);
+		assert_true(c.flags & KVD_CQE_MORE);
+		assert_int_equal(c.n_out, ++n_more);
+	}
+	assert_int_equal(raw_stats(&r, &st), 0);
+	assert_true(st.kv_blocks_used > st0.kv_blocks_used);
+
+	struct kvd_sqe x = { .opcode = KVD_OP_CANCEL, .session_id = r.session, .user_data = 101,
+			     .target_user_data = 100 };
+	assert_int_equal(raw_submit(&r, &x), 0);
+	int got_cancel = 0, got_final = 0;
+	while (!got_cancel || !got_final) {
+		assert_int_equal(raw_wait(&r, &c, WAIT_MS), 0);
+		if (c.user_data == 101) {
+			assert_false(got_cancel);
+			assert_int_equal(c.res, 0);
+			assert_int_equal(c.flags, 0);
+			got_cancel = 1;
+		} else if (c.user_data == 100 && (c.flags & KVD_CQE_MORE)) {
+			assert_false(got_final);
+			assert_int_equal(c.n_out, ++n_more);
+			assert_int_equal(raw_out(&r)[c.n_out - 1], c.token);
+		} else {
+			assert_int_equal(c.user_data, 100);
+			assert_false(got_final);
+			fin = c;
+			got_final = 1;
+		}
+	}
+	/* Ended by the CANCEL, with every token so far produced, written and streamed. */
+	assert_int_equal(fin.flags & ~KVD_CQE_PREFIX_HIT, KVD_CQE_CANCELLED);
+	assert_int_equal(fin.res, n_more);
+	assert_int_equal(fin.n_out, n_more);
+	assert_true(fin.res < 200);
+	assert_int_equal(fin.token, raw_out(&r)[fin.n_out - 1]);
+
+	/* Nothing of that name is in flight any more. */
+	assert_int_equal(raw_submit(&r, &x), 0);
+	assert_int_equal(raw_wait(&r, &c, WAIT_MS), 0);
+	assert_int_equal(c.user_data, 101);
+	assert_int_equal(c.res, -ENOENT);
+
+	/* The same session and slot serve again; then RESET returns the slot's blocks. */
+	assert_serves(&r, "a cancelled GENERATE");
+	struct kvd_sqe z = reset_sqe(&r, 102, 0);
+	assert_int_equal(raw_submit(&r, &z), 0);
+	assert_int_equal(raw_wait(&r, &c, WAIT_MS), 0);
+	assert_int_equal(c.user_data, 102);
+	assert_int_equal(c.res, 0);
+	if (stats_until(&r, &st, 2000, used_is, &st0.kv_blocks_used))
+		fail_msg("kv_blocks_used %llu (cached %llu), was %llu before the cancelled GENERATE",
+			 (unsigned long long)st.kv_blocks_used, (unsigned long long)st.kv_blocks_cached,
+			 (unsigned long long)st0.kv_blocks_used);
+	assert_true(st.kv_blocks_used + st.kv_blocks_cached <= st.kv_blocks_total);
+	raw_close(&r);
+}
+
+/* ---- 3. a client killed mid-generation ---- */
+
+static void test_killed_client_is_reclaimed(void **state)
+{
+	(void)state;
+	need_daemon();
+	struct raw s, b;
+	struct kvd_stats_rep st0, st;
+	struct kvd_cqe c;
+	/* s only asks STATS; b keeps generating while the other client dies. */
+	assert_int_equal(raw_connect(&s), 0);
+	assert_int_equal(raw_hello(&s, 0), 0);
+	assert_int_equal(raw_open(&b, 0, 0), 0);
+	uint32_t two = 2;
+	assert_int_equal(stats_until(&s, &st0, 2000, conns_are, &two), 0);
+	int fd0 = daemon_fds();
+	assert_true(fd0 > 0);
+
+	int sig[2];
+	assert_int_equal(pipe2(sig, O_CLOEXEC), 0);
+	pid_t parent = getpid(), kid = fork();
+	assert_true(kid >= 0);
+	if (kid == 0) {
+		struct raw k;
+		char one = 1;
+		child_bound_to_parent(parent);
+		alarm(60);
+		close(sig[0]);
+		if (raw_open(&k, 0, 0))
+			_exit(1);
+		struct kvd_sqe q = gen_sqe(&k, 1, 1000, KVD_SQE_STREAM | KVD_SQE_IGNORE_EOS);
+		if (raw_submit(&k, &q) || raw_wait(&k, &c, WAIT_MS) || write(sig[1], &one, 1) != 1)
+			_exit(1);
+		for (;;)
+			pause();	/* mid-generation, until SIGKILL */
+	}
+	close(sig[1]);
+	char one;
+	assert_int_equal(read_full(sig[0], &one, 1, 30000), 0);
+	close(sig[0]);
+	assert_int_equal(raw_stats(&s, &st), 0);
+	assert_true(st.kv_blocks_used > st0.kv_blocks_used);
+	assert_true(daemon_fds() > fd0);
+
+	struct kvd_sqe q = gen_sqe(&b, 7, 16, KVD_SQE_IGNORE_EOS);
+	assert_int_equal(raw_submit(&b, &q), 0);
+	int wst;
+	assert_int_equal(kill(kid, SIGKILL), 0);
+	assert_int_equal(waitpid(kid, &wst, 0), kid);
+	assert_true(WIFSIGNALED(wst) && WTERMSIG(wst) == SIGKILL);
+	assert_int_equal(raw_finish(&b, 7, &c), 0);
+	assert_int_equal(c.res, 16);
+	assert_true(c.flags & KVD_CQE_LENGTH);
+	struct kvd_sqe z = reset_sqe(&b, 8, 0);
+	assert_int_equal(raw_submit(&b, &z), 0);
+	assert_int_equal(raw_finish(&b, 8, &c), 0);
+	assert_int_equal(c.res, 0);
+
+	/* The dead client's connection, blocks and fds all go back. */
+	if (stats_until(&s, &st, 3000, used_is, &st0.kv_blocks_used))
+		fail_msg("kv_blocks_used %llu, was %llu before the client was killed",
+			 (unsigned long long)st.kv_blocks_used, (unsigned long long)st0.kv_blocks_used);
+	assert_int_equal(stats_until(&s, &st, 3000, conns_are, &two), 0);
+	int fds = daemon_fds();
+	for (int64_t end = now_ms() + 3000; fds != fd0 && now_ms() < end; sleep_ms(20))
+		fds = daemon_fds();
+	if (fds != fd0)
+		fail_msg("kvd holds %d fds, %d before the client was killed", fds, fd0);
+	raw_close(&b);
+	raw_close(&s);
+}
+
+/* ---- 4. malformed input, answered precisely; the daemon serves on ---- */
+
+enum sqe_bad {
+	SB_OPCODE, SB_OPCODE_255, SB_SESSION_GEN, SB_SESSION_NEVER, SB_SLOT, SB_TOKENS_PAST,
+	SB_TOKENS_STRADDLE, SB_TOKENS_WRAP, SB_TOKENS_HUGE, SB_OUT_MISALIGNED, SB_OUT_PAST,
+	SB_TOKEN_RANGE, SB_FLAG_BIT5, SB_FLAG_BIT15, SB_TARGET, SB_E2BIG, SB_PRIORITY,
+	SB_MAX_ZERO, SB_PROMPT_EMPTY, SB_CHAT_NO_TEXT, SB_TOP_P, SB_DECODE_PROMPT, SB_CANCEL_NONE,
+};
+
+static const struct {
+	enum sqe_bad bad;
+	const char *what;
+	int res;
+} SQE_CASES[] = {
+	{ SB_OPCODE, "opcode KVD_OP_LAST", -EINVAL },
+	{ SB_OPCODE_255, "opcode 255", -EINVAL },
+	{ SB_SESSION_GEN, "session id of another generation", -ENOENT },
+	{ SB_SESSION_NEVER, "session id never issued", -ENOENT },
+	/* uapi Conventions: -ENOENT "unknown session or sequence slot". */
+	{ SB_SLOT, "slot == max_slots", -ENOENT },
+	{ SB_TOKENS_PAST, "tokens_off at the arena's end", -EFAULT },
+	{ SB_TOKENS_STRADDLE, "prompt running off the arena", -EFAULT },
+	{ SB_TOKENS_WRAP, "tokens_off + 4 * n_tokens wrapping 32 bits", -EFAULT },
+	{ SB_TOKENS_HUGE, "n_tokens 2^30", -EFAULT },
+	{ SB_OUT_MISALIGNED, "out_off not a multiple of 4", -EFAULT },
+	{ SB_OUT_PAST, "output running off the arena", -EFAULT },
+	{ SB_TOKEN_RANGE, "token id == vocab_size", -ERANGE },
+	{ SB_FLAG_BIT5, "unknown SQE flag 1 << 5", -EINVAL },
+	{ SB_FLAG_BIT15, "unknown SQE flag 1 << 15", -EINVAL },
+	{ SB_TARGET, "target_user_data on a GENERATE", -EINVAL },
+	{ SB_E2BIG, "prompt + max_tokens over max_tokens", -E2BIG },
+	{ SB_PRIORITY, "priority 2", -EINVAL },
+	{ SB_MAX_ZERO, "GENERATE with max_tokens 0", -EINVAL },
+	{ SB_PROMPT_EMPTY, "GENERATE with n_tokens 0", -EINVAL },
+	{ SB_CHAT_NO_TEXT, "KVD_SQE_CHAT without KVD_SQE_TEXT", -EINVAL },
+	{ SB_TOP_P, "top_p_e4 10001", -EINVAL },
+	{ SB_DECODE_PROMPT, "DECODE carrying a prompt", -EINVAL },
+	{ SB_CANCEL_NONE, "CANCEL of a request never submitted", -ENOENT },
+};
+
+static void sqe_mangle(struct raw *r, struct kvd_sqe *q, enum sqe_bad bad)
+{
+	switch (bad) {
+	case SB_OPCODE: q->opcode = KVD_OP_LAST; break;
+	case SB_OPCODE_255: q->opcode = 255; break;
+	case SB_SESSION_GEN: q->session_id += 1U << 8; break;
+	case SB_SESSION_NEVER: q->session_id = 0xdeadbeef; break;
+	case SB_SLOT: q->slot = r->hello.max_slots; break;
+	case SB_TOKENS_PAST: q->tokens_off = r->arena_bytes; break;
+	case SB_TOKENS_STRADDLE: q->tokens_off = r->arena_bytes - 8; break;
+	case SB_TOKENS_WRAP: q->tokens_off = 0xfffffff0u; q->n_tokens = 8; break;
+	case SB_TOKENS_HUGE: q->n_tokens = 1U << 30; break;
+	case SB_OUT_MISALIGNED: q->out_off = OUT_OFF + 2; break;
+	case SB_OUT_PAST: q->out_off = r->arena_bytes - 8; break;
+	case SB_TOKEN_RANGE: ((uint32_t *)r->arena)[1] = r->hello.vocab_size; break;
+	case SB_FLAG_BIT5: q->flags |= 1U << 5; break;
+	case SB_FLAG_BIT15: q->flags |= 1U << 15; break;
+	case SB_TARGET: q->target_user_data = 1; break;
+	case SB_E2BIG: q->max_tokens = r->hello.max_tokens; break;
+	case SB_PRIORITY: q->priority = 2; break;
+	case SB_MAX_ZERO: q->max_tokens = 0; break;
+	case SB_PROMPT_EMPTY: q->n_tokens = 0; break;
+	case SB_CHAT_NO_TEXT: q->flags |= KVD_SQE_CHAT; break;
+	case SB_TOP_P: q->top_p_e4 = 10001; break;
+	case SB_DECODE_PROMPT: q->opcode = KVD_OP_DECODE; break;
+	case SB_CANCEL_NONE:
+		*q = (struct kvd_sqe){ .opcode = KVD_OP_CANCEL, .session_id = q->session_id,
+				       .user_data = q->user_data, .target_user_data = 12345 };
+		break;
+	}
+}
+
+static void test_malformed_sqes(void **state)
+{
+	(void)state;
+	need_daemon();
+	int bad = 0;
+	for (size_t i = 0; i < sizeof(SQE_CASES) / sizeof(SQE_CASES[0]); i++) {
+		struct raw r;
+		struct kvd_cqe c;
+		assert_int_equal(raw_open(&r, 0, 0), 0);
+		assert_true(r.arena_bytes > OUT_OFF + 64);
+		struct kvd_sqe q = gen_sqe(&r, 77, 4, 0);
+		sqe_mangle(&r, &q, SQE_CASES[i].bad);
+		assert_int_equal(raw_submit(&r, &q), 0);
+		int rc = raw_wait(&r, &c, WAIT_MS);
+		if (rc) {
+			fail_with_log("%s: no CQE: %s", SQE_CASES[i].what, strerror(-rc));
+		} else if (c.user_data != 77 || c.res != SQE_CASES[i].res || c.flags) {
+			print_error("%s: CQE user_data %llu res %d (%s) flags %#x; want res %d (%s)\n",
+				    SQE_CASES[i].what, (unsigned long long)c.user_data, c.res,
+				    strerror(c.res < 0 ? -c.res : 0), c.flags, SQE_CASES[i].res,
+				    strerror(-SQE_CASES[i].res));
+			bad++;
+		}
+		if (raw_peek(&r, &c))
+			fail_msg("%s: a second CQE (user_data %llu res %d)", SQE_CASES[i].what,
+				 (unsigned long long)c.user_data, c.res);
+		assert_serves(&r, SQE_CASES[i].what);
+		raw_close(&r);
+	}
+
+	/* An SQ tail no producer could write: one CQE (user_data 0, -EINVAL), then in step again. */
+	struct raw r;
+	struct kvd_cqe c;
+	assert_int_equal(raw_open(&r, 0, 0), 0);
+	r.sq_tail += 4 * r.sq_entries;
+	kvring_publish(r.sq, r.sq_tail);
+	assert_int_equal(raw_kick_if_asleep(&r), 0);
+	assert_int_equal(raw_wait(&r, &c, WAIT_MS), 0);
+	if (c.user_data != 0 || c.res != -EINVAL)
+		fail_msg("SQ tail jump: CQE user_data %llu res %d, want 0 and -EINVAL",
+			 (unsigned long long)c.user_data, c.res);
+	for (int64_t end = now_ms() + 2000; kvring_load_head(r.sq) != r.sq_tail && now_ms() < end;)
+		sleep_ms(5);
+	assert_int_equal(kvring_load_head(r.sq), r.sq_tail);
+	assert_serves(&r, "an SQ tail jump");
+	raw_close(&r);
+
+	if (bad)
+		fail_msg("%d malformed SQEs got the wrong answer", bad);
+	assert_int_equal(raw_open(&r, 0, 0), 0);
+	assert_serves(&r, "every malformed SQE");
+	raw_close(&r);
+}
+
+enum msg_bad {
+	MB_MAGIC, MB_SHORT, MB_TRUNC_HELLO, MB_LEN_FIELD, MB_TYPE_99, MB_TYPE_0, MB_TYPE_ERROR,
+	MB_HDR_FLAGS, MB_HDR_STATUS, MB_HDR_RESV, MB_HELLO_RESV, MB_ABI_2, MB_ABI_0,
+	MB_OPEN_RESV, MB_OPEN_SQ3, MB_CLOSE_UNKNOWN, MB_CLOSE_RESV, MB_STATS_LONG, MB_HUGE,
+};
+
+static const struct {
+	enum msg_bad bad;
+	const char *what;
+	uint16_t type;		/* of the reply */
+	int status, status_alt;	/* the reply's status; alt: another reading of the uapi */
+} MSG_CASES[] = {
+	{ MB_MAGIC, "wrong magic", KVD_MSG_ERROR, -EPROTO, -EPROTO },
+	/* Too short to hold a magic: a size error (-EINVAL) or an unreadable magic (-EPROTO). */
+	{ MB_SHORT, "8-byte datagram", KVD_MSG_ERROR, -EINVAL, -EPROTO },
+	{ MB_TRUNC_HELLO, "truncated HELLO", KVD_MSG_HELLO, -EINVAL, -EINVAL },
+	{ MB_LEN_FIELD, "hdr.len not the datagram's length", KVD_MSG_ERROR, -EINVAL, -EINVAL },
+	{ MB_TYPE_99, "unknown message type 99", KVD_MSG_ERROR, -EINVAL, -EINVAL },
+	{ MB_TYPE_0, "message type 0", KVD_MSG_ERROR, -EINVAL, -EINVAL },
+	{ MB_TYPE_ERROR, "KVD_MSG_ERROR sent by a client", KVD_MSG_ERROR, -EINVAL, -EINVAL },
+	{ MB_HDR_FLAGS, "KVD_MSGF_REPLY on a request", KVD_MSG_ERROR, -EINVAL, -EINVAL },
+	{ MB_HDR_STATUS, "nonzero status on a request", KVD_MSG_ERROR, -EINVAL, -EINVAL },
+	{ MB_HDR_RESV, "nonzero hdr.resv", KVD_MSG_ERROR, -EINVAL, -EINVAL },
+	{ MB_HELLO_RESV, "nonzero HELLO resv", KVD_MSG_HELLO, -EINVAL, -EINVAL },
+	{ MB_ABI_2, "ABI version 2", KVD_MSG_HELLO, -EPROTO, -EPROTO },
+	{ MB_ABI_0, "ABI version 0", KVD_MSG_HELLO, -EPROTO, -EPROTO },
+	{ MB_OPEN_RESV, "nonzero SESSION_OPEN resv0", KVD_MSG_SESSION_OPEN, -EINVAL, -EINVAL },
+	{ MB_OPEN_SQ3, "SESSION_OPEN sq_entries 3", KVD_MSG_SESSION_OPEN, -EINVAL, -EINVAL },
+	{ MB_CLOSE_UNKNOWN, "SESSION_CLOSE of an unknown id", KVD_MSG_SESSION_CLOSE, -ENOENT, -ENOENT },
+	{ MB_CLOSE_RESV, "nonzero SESSION_CLOSE resv", KVD_MSG_SESSION_CLOSE, -EINVAL, -EINVAL },
+	{ MB_STATS_LONG, "STATS with a body", KVD_MSG_STATS, -EINVAL, -EINVAL },
+	/* Larger than any control message: "malformed message (size)"; the daemon says -EMSGSIZE. */
+	{ MB_HUGE, "4 KiB datagram", KVD_MSG_ERROR, -EINVAL, -EMSGSIZE },
+};
+
+/* Build the bad message into buf; returns its length. */
+static size_t msg_mangle(uint8_t *buf, enum msg_bad bad, uint32_t seq)
+{
+	struct kvd_hello_req *h = (struct kvd_hello_req *)buf;
+	struct kvd_session_open_req *o = (struct kvd_session_open_req *)buf;
+	struct kvd_session_close_req *x = (struct kvd_session_close_req *)buf;
+	size_t len = sizeof(*h);
+	*h = (struct kvd_hello_req){ .hdr = msg_hdr(KVD_MSG_HELLO, sizeof(*h)),
+				     .abi_version = KVD_ABI_VERSION };
+	h->hdr.seq = seq;
+	switch (bad) {
+	case MB_MAGIC: h->hdr.magic = 0x12345678; break;
+	case MB_SHORT: len = 8; break;
+	case MB_TRUNC_HELLO: len = h->hdr.len = sizeof(*h) - 8; break;
+	case MB_LEN_FIELD: h->hdr.len = sizeof(*h) + 8; break;
+	case MB_TYPE_99: h->hdr.type = 99; break;
+	case MB_TYPE_0: h->hdr.type = 0; break;
+	case MB_TYPE_ERROR: h->hdr.type = KVD_MSG_ERROR; break;
+	case MB_HDR_FLAGS: h->hdr.flags = KVD_MSGF_REPLY; break;
+	case MB_HDR_STATUS: h->hdr.status = -EIO; break;
+	case MB_HDR_RESV: h->hdr.resv = 1; break;
+	case MB_HELLO_RESV: h->resv[1] = 1; break;
+	case MB_ABI_2: h->abi_version = 2; break;
+	case MB_ABI_0: h->abi_version = 0; break;
+	case MB_OPEN_RESV:
+	case MB_OPEN_SQ3:
+		*o = (struct kvd_session_open_req){ .hdr = msg_hdr(KVD_MSG_SESSION_OPEN, sizeof(*o)) };
+		o->hdr.seq = seq;
+		if (bad == MB_OPEN_RESV)
+			o->resv0 = 1;
+		else
+			o->sq_entries = 3;
+		len = sizeof(*o);
+		break;
+	case MB_CLOSE_UNKNOWN:
+	case MB_CLOSE_RESV:
+		*x = (struct kvd_session_close_req){ .hdr = msg_hdr(KVD_MSG_SESSION_CLOSE, sizeof(*x)),
+						     .session_id = 0x4242 };
+		x->hdr.seq = seq;
+		x->resv = bad == MB_CLOSE_RESV;
+		len = sizeof(*x);
+		break;
+	case MB_STATS_LONG: h->hdr.type = KVD_MSG_STATS; break;
+	case MB_HUGE: len = h->hdr.len = 4096; break;
+	}
+	return len;
+}
+
+static void test_malformed_control_messages(void **state)
+{
+	(void)state;
+	need_daemon();
+	int bad = 0;
+	for (size_t i = 0; i < sizeof(MSG_CASES) / sizeof(MSG_CASES[0]); i++) {
+		const char *what = MSG_CASES[i].what;
+		struct raw r;
+		static uint8_t buf[4096];
+		union {
+			struct kvd_msg_hdr hdr;
+			uint8_t b[512];
+		} rep;
+		memset(buf, 0, sizeof(buf));
+		assert_int_equal(raw_connect(&r), 0);
+		size_t len = msg_mangle(buf, MSG_CASES[i].bad, 900 + (uint32_t)i);
+		assert_int_equal(send(r.fd, buf, len, MSG_NOSIGNAL), (ssize_t)len);
+		int n = raw_recv(&r, &rep, sizeof(rep), NULL, NULL, 5000);
+		if (n < (int)sizeof(rep.hdr))
+			fail_msg("%s: no reply (%d): the connection should stay usable", what, n);
+		const struct kvd_msg_hdr *h = &rep.hdr;
+		/* The seq is echoed whenever there was a header to read it from. */
+		int seq_ok = MSG_CASES[i].bad == MB_SHORT || h->seq == 900 + i;
+		if (h->magic != KVD_MAGIC || !(h->flags & KVD_MSGF_REPLY) || h->len != (uint32_t)n ||
+		    h->type != MSG_CASES[i].type || !seq_ok ||
+		    (h->status != MSG_CASES[i].status && h->status != MSG_CASES[i].status_alt)) {
+			print_error("%s: reply type %u status %d (%s) seq %u flags %#x len %u/%d;"
+				    " want type %u status %d (%s)\n", what, h->type, h->status,
+				    strerror(h->status < 0 ? -h->status : 0), h->seq, h->flags, h->len,
+				    n, MSG_CASES[i].type, MSG_CASES[i].status,
+				    strerror(-MSG_CASES[i].status));
+			bad++;
+		}
+		/* Control-message errors leave the connection usable: the whole handshake, then work. */
+		int rc = raw_hello(&r, KVD_FEAT_ALL & ~KVD_FEAT_VOCAB);
+		if (!rc)
+			rc = raw_session_open(&r, 0, 0, &r.session);
+		if (rc)
+			fail_msg("after %s: handshake on the same connection: %s", what, strerror(-rc));
+		assert_serves(&r, what);
+		raw_close(&r);
+	}
+	if (bad)
+		fail_msg("%d malformed control messages got the wrong answer", bad);
+	struct raw r;
+	assert_int_equal(raw_open(&r, 0, 0), 0);
+	assert_serves(&r, "every malformed control message");
+	raw_close(&r);
+}
+
+/* ---- 5. the daemon dies under a sleeping client ---- */
+
+static int64_t killed_at;
+
+static void *kill_daemon_soon(void *arg)
+{
+	(void)arg;
+	sleep_ms(300);
+	__atomic_store_n(&killed_at, now_ms(), __ATOMIC_SEQ_CST);
+	kill(D.pid, SIGKILL);
+	return NULL;
+}
+
+static void test_daemon_death_wakes_waiter(void **state)
+{
+	(void)state;
+	need_daemon();
+	struct raw r;
+	struct kvd_cqe c;
+	pthread_t t;
+	assert_int_equal(raw_open(&r, 0, 0), 0);
+	struct kvd_sqe q = gen_sqe(&r, 5, 1000, KVD_SQE_IGNORE_EOS);
+	assert_int_equal(raw_submit(&r, &q), 0);
+	assert_int_equal(pthread_create(&t, NULL, kill_daemon_soon, NULL), 0);
+	int rc = raw_wait(&r, &c, 10000);
+	int64_t woke = now_ms();
+	assert_int_equal(pthread_join(t, NULL), 0);
+	int st;
+	assert_int_equal(waitpid(D.pid, &st, 0), D.pid);
+	D.pid = 0;
+	assert_true(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+	if (rc != -ECONNRESET)
+		fail_msg("the waiter got %d (%s), want -ECONNRESET from the hang-up", rc, strerror(-rc));
+	int64_t late = woke - __atomic_load_n(&killed_at, __ATOMIC_SEQ_CST);
+	if (late >= 2000)
+		fail_msg("the waiter noticed the daemon's death %lld ms late", (long long)late);
+	/* And the socket says so plainly: POLLHUP, then EOF. */
+	struct pollfd p = { r.fd, POLLIN, 0 };
+	assert_int_equal(poll(&p, 1, 0), 1);
+	assert_true(p.revents & POLLHUP);
+	char b;
+	assert_int_equal(recv(r.fd, &b, 1, MSG_DONTWAIT), 0);
+	raw_close(&r);
+}
+
+/* ---- 6. a full CQ loses nothing ---- */
+
+static void test_cq_overflow_loses_nothing(void **state)
+{
+	(void)state;
+	need_daemon();
+	enum { N = 40 };
+	struct raw r;
+	struct kvd_cqe c;
+	assert_int_equal(raw_open(&r, 0, 4), 0);
+	assert_int_equal(r.cq_entries, 4);
+	struct kvd_sqe q = gen_sqe(&r, 9, N, KVD_SQE_STREAM | KVD_SQE_IGNORE_EOS);
+	assert_int_equal(raw_submit(&r, &q), 0);
+	/* Read nothing until the daemon says it holds completions the CQ had no room for. */
+	uint32_t flags = 0;
+	for (int64_t end = now_ms() + WAIT_MS; now_ms() < end; sleep_ms(5))
+		if ((flags = __atomic_load_n(&r.cq->flags, __ATOMIC_ACQUIRE)) & KVD_RING_CQ_OVERFLOW)
+			break;
+	if (!(flags & KVD_RING_CQ_OVERFLOW)) {
+		if (raw_peek(&r, &c))
+			fail_with_log("a CQ of 4 never showed KVD_RING_CQ_OVERFLOW in %d ms; its first"
+				      " CQE: user_data %llu res %d", WAIT_MS,
+				      (unsigned long long)c.user_data, c.res);
+		fail_with_log("a CQ of 4 never showed KVD_RING_CQ_OVERFLOW in %d ms", WAIT_MS);
+	}
+	assert_true(__atomic_load_n(&r.cq->overflow, __ATOMIC_RELAXED) > 0);
+	assert_int_equal(kvring_ready(r.cq, r.cq_head), 4);
+	/* Stay away a while longer: a full CQ is never written over. */
+	sleep_ms(300);
+	assert_int_equal(kvring_ready(r.cq, r.cq_head), 4);
+
+	/* Every token in order: a MORE CQE for each but the last, which the final CQE carries. */
+	uint32_t n_more = 0;
+	for (;;) {
+		assert_int_equal(raw_wait(&r, &c, WAIT_MS), 0);
+		assert_int_equal(c.user_data, 9);
+		if (!(c.flags & KVD_CQE_MORE))
+			break;
+		if (c.n_out != n_more + 1 || c.res != (int32_t)c.n_out)
+			fail_msg("MORE CQE %u: n_out %u res %d, want %u: a completion was lost or reordered",
+				 n_more, c.n_out, c.res, n_more + 1);
+		assert_int_equal(raw_out(&r)[c.n_out - 1], c.token);
+		n_more++;
+	}
+	assert_int_equal(c.res, N);
+	assert_int_equal(c.n_out, N);
+	assert_int_equal(c.flags & ~KVD_CQE_PREFIX_HIT, KVD_CQE_LENGTH);
+	assert_int_equal(c.token, raw_out(&r)[N - 1]);
+	if (n_more != N - 1)
+		fail_msg("%u MORE CQEs for %d tokens, want %d: one for every token but the last",
+			 n_more, N, N - 1);
+	assert_false(raw_peek(&r, &c));
+	assert_false(__atomic_load_n(&r.cq->flags, __ATOMIC_ACQUIRE) & KVD_RING_CQ_OVERFLOW);
+	assert_int_equal(__atomic_load_n(&r.cq->overflow, __ATOMIC_RELAXED), 0);
+	raw_close(&r);
+
+	/*
+	 * Completions held while the daemon has nothing else to do: 60 NOPs
+	 * into a CQ of 4, unread until the daemon is surely idle, then read
+	 * through it, a few times over. Freeing room kicks the daemon when its
+	 * SQ says it sleeps, and a daemon about to sleep looks at its CQs once
+	 * more, so none is stranded (the race between the two is what the
+	 * rounds are for).
+	 */
+	enum { N_NOP = 60 };
+	assert_int_equal(raw_open(&r, 0, 4), 0);
+	for (int round = 0; round < 4; round++) {
+		for (uint64_t i = 1; i <= N_NOP; i++) {
+			struct kvd_sqe nop = { .opcode = KVD_OP_NOP, .user_data = i };
+			assert_int_equal(raw_submit(&r, &nop), 0);
+		}
+		sleep_ms(50);
+		for (uint64_t i = 1; i <= N_NOP; i++) {
+			int rc = raw_wait(&r, &c, 5000);
+			if (rc)
+				fail_with_log("NOP %llu of %d (round %d) never completed (%s) while kvd held %u"
+					 " completions for a CQ with room: it went to sleep on them",
+					 (unsigned long long)i, N_NOP, round, strerror(-rc),
+					 __atomic_load_n(&r.cq->overflow, __ATOMIC_RELAXED));
+			if (c.user_data != i || c.res != 0)
+				fail_msg("NOP %llu: CQE user_data %llu res %d", (unsigned long long)i,
+					 (unsigned long long)c.user_data, c.res);
+		}
+	}
+	raw_close(&r);
+
+	/*
+	 * Back-pressure reaches the SQ: a client that keeps submitting NOPs and
+	 * never reads its CQ sees its SQ fill up; the daemon does not buffer
+	 * completions without bound.
+	 */
+	assert_int_equal(raw_open(&r, 0, 4), 0);
+	uint64_t n_sub = 0;
+	for (int64_t end = now_ms() + 1000, full_since = 0; now_ms() < end;) {
+		struct kvd_sqe nop = { .opcode = KVD_OP_NOP, .user_data = n_sub + 1 };
+		if (!raw_submit(&r, &nop)) {
+			n_sub++;
+			full_since = 0;
+			continue;
+		}
+		if (!full_since)
+			full_since = now_ms();
+		else if (now_ms() - full_since > 200)
+			break;	/* the SQ stays full: the daemon stopped taking SQEs */
+		sleep_ms(1);
+	}
+	uint32_t held = __atomic_load_n(&r.cq->overflow, __ATOMIC_RELAXED);
+	if (held > r.cq_entries + r.sq_entries)
+		fail_msg("kvd holds %u completions for a client that does not read its CQ of %u"
+			 " (%llu NOPs taken in 1 s): a full CQ must back-pressure the SQ", held,
+			 r.cq_entries, (unsigned long long)n_sub);
+	for (uint64_t i = 1; i <= n_sub; i++) {
+		assert_int_equal(raw_wait(&r, &c, WAIT_MS), 0);
+		assert_int_equal(c.user_data, i);
+	}
+	assert_false(raw_peek(&r, &c));
+	raw_close(&r);
+}
+
+/* ---- 7. the call eventfd is written only for a client that asked ---- */
+
+static int call_fd_readable(const struct raw *r)
+{
+	struct pollfd p = { r->call_fd, POLLIN, 0 };
+	return poll(&p, 1, 0) == 1;
+}
+
+static void test_wakeup_only_when_asked(void **state)
+{
+	(void)state;
+	need_daemon();
+	struct raw r;
+	struct kvd_cqe c;
+	assert_int_equal(raw_open(&r, 0, 0), 0);
+	assert_false(call_fd_readable(&r));
+
+	/* A client that polls its CQ and never sets NEED_WAKEUP: no eventfd write, ever. */
+	struct kvd_sqe q = gen_sqe(&r, 11, 16, KVD_SQE_STREAM | KVD_SQE_IGNORE_EOS);
+	assert_int_equal(raw_submit(&r, &q), 0);
+	uint32_t n = 0;
+	for (int64_t end = now_ms() + WAIT_MS;; sleep_ms(1)) {
+		assert_false(call_fd_readable(&r));
+		if (raw_peek(&r, &c)) {
+			assert_int_equal(c.user_data, 11);
+			n++;
+			if (!(c.flags & KVD_CQE_MORE))
+				break;
+		}
+		assert_true(now_ms() < end);
+	}
+	assert_int_equal(c.res, 16);
+	sleep_ms(100);	/* the daemon's wake-up pass follows its posting */
+	assert_false(call_fd_readable(&r));
+	assert_false(__atomic_load_n(&r.cq->flags, __ATOMIC_RELAXED) & KVD_RING_NEED_WAKEUP);
+
+	/* One that sets NEED_WAKEUP, looks once more, and sleeps: woken by the call eventfd. */
+	q = gen_sqe(&r, 12, 24, KVD_SQE_IGNORE_EOS);
+	assert_int_equal(raw_submit(&r, &q), 0);
+	kvring_set_need_wakeup(r.cq);
+	assert_false(raw_peek(&r, &c));	/* 24 tokens take longer than this look */
+	struct pollfd p = { r.call_fd, POLLIN, 0 };
+	int got = poll(&p, 1, WAIT_MS);
+	kvring_clear_need_wakeup(r.cq);
+	if (got != 1)
+		fail_with_log("a client asleep with CQ NEED_WAKEUP was not woken in %d ms", WAIT_MS);
+	uint64_t v;
+	assert_int_equal(read(r.call_fd, &v, sizeof(v)), (ssize_t)sizeof(v));
+	assert_true(v >= 1);
+	/* A wake-up means a completion is there. */
+	assert_true(raw_peek(&r, &c));
+	assert_int_equal(c.user_data, 12);
+	assert_int_equal(c.res, 24);
+	raw_close(&r);
+}
+
+/* ---- 8. SIGTERM drains: in-flight work ends, then kvd exits 0 ---- */
+
+static void test_sigterm_drains(void **state)
+{
+	(void)state;
+	need_daemon();
+	enum { N = 48 };
+	struct raw r;
+	struct kvd_cqe c;
+	assert_int_equal(raw_open(&r, 0, 0), 0);
+	struct kvd_sqe q = gen_sqe(&r, 21, N, KVD_SQE_STREAM | KVD_SQE_IGNORE_EOS);
+	assert_int_equal(raw_submit(&r, &q), 0);
+	assert_int_equal(raw_wait(&r, &c, WAIT_MS), 0);
+	if (c.user_data != 21 || !(c.flags & KVD_CQE_MORE))
+		fail_msg("first CQE: user_data %llu res %d flags %#x, want a MORE of request 21",
+			 (unsigned long long)c.user_data, c.res, c.flags);
+	pid_t pid = D.pid;
+	int64_t t0 = now_ms();
+	assert_int_equal(kill(pid, SIGTERM), 0);
+	/* The socket goes once kvd has begun draining; from then on new work is refused. */
+	for (int64_t end = now_ms() + 5000; !access(D.sock, F_OK) && now_ms() < end;)
+		sleep_ms(1);
+	assert_int_equal(access(D.sock, F_OK), -1);
+	struct kvd_sqe late = gen_sqe(&r, 22, 4, 0);
+	late.out_off = OUT_OFF + 1024;	/* clear of the running request's output */
+	assert_int_equal(raw_submit(&r, &late), 0);
+
+	/*
+	 * The request in flight runs to its end (48 tokens take well under the
+	 * 2000 ms of --drain-timeout), or, on a machine too busy for that, is
+	 * cancelled at the deadline and not before.
+	 */
+	uint32_t n_more = 1;
+	int rc, refused = 0;
+	while (!(rc = raw_wait(&r, &c, WAIT_MS))) {
+		if (c.user_data == 22) {
+			if (c.res != -ESHUTDOWN)
+				fail_msg("GENERATE submitted while draining: res %d, want -ESHUTDOWN", c.res);
+			refused++;
+		} else if (c.user_data == 21 && (c.flags & KVD_CQE_MORE)) {
+			n_more++;
+		} else {
+			break;
+		}
+	}
+	int64_t took = now_ms() - t0;
+	if (rc)
+		fail_with_log("the request in flight at SIGTERM got no final CQE: %s", strerror(-rc));
+	assert_int_equal(c.user_data, 21);
+	/* Refused at once: its CQE came before the drained request's final one. */
+	assert_int_equal(refused, 1);
+	if (c.flags & KVD_CQE_CANCELLED) {
+		if (took < 1900)
+			fail_msg("cancelled %lld ms after SIGTERM, before the 2000 ms drain deadline",
+				 (long long)took);
+		assert_int_equal(c.res, n_more);
+	} else if (c.res != N || (c.flags & ~KVD_CQE_PREFIX_HIT) != KVD_CQE_LENGTH) {
+		fail_msg("the request in flight at SIGTERM ended res %d flags %#x, want %d tokens, LENGTH",
+			 c.res, c.flags, N);
+	}
+
+	int st = 0;
+	pid_t w = 0;
+	for (int64_t end = now_ms() + 5000; (w = waitpid(pid, &st, WNOHANG)) == 0 && now_ms() < end;)
+		sleep_ms(10);
+	if (w == 0)
+		fail_msg("kvd still runs 5 s after SIGTERM with nothing left to drain");
+	D.pid = 0;
+	if (!WIFEXITED(st) || WEXITSTATUS(st))
+		fail_msg("kvd ended with wait status %#x after SIGTERM, want exit 0", st);
+	/* Gone for good: the socket file too, and this connection sees the hang-up. */
+	assert_int_equal(access(D.sock, F_OK), -1);
+	assert_int_equal(raw_wait(&r, &c, WAIT_MS), -ECONNRESET);
+	raw_close(&r);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_concurrent_clients_match_in_process, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_cancel_mid_generation, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_killed_client_is_reclaimed, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_malformed_sqes, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_malformed_control_messages, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_daemon_death_wakes_waiter, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_cq_overflow_loses_nothing, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_wakeup_only_when_asked, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_sigterm_drains, setup_all_cores, teardown),
+	};
+	/* KVD_TEST_FILTER=test_cancel* runs only the tests matching the pattern. */
+	const char *filter = getenv("KVD_TEST_FILTER");
+	if (filter && *filter)
+		cmocka_set_test_filter(filter);
+	return cmocka_run_group_tests(tests, group_setup, NULL);
+}
