@@ -60,7 +60,9 @@ static void usage(FILE *f)
 		"      --max-uid-sessions N, --max-uid-inflight N, --max-uid-arena BYTES\n"
 		"                          the same limits for all connections of one uid\n"
 		"                          (defaults 64, 1024, 1G)\n"
-		"      --max-batch-tokens N rows per engine step (default 512)\n"
+		"      --max-batch-tokens N rows per engine step (default 32: every decoder\n"
+		"                          waits for a step's prefill rows, ~2 ms each on a\n"
+		"                          2-core CPU, so short steps keep token gaps even)\n"
 		"      --kv-quota BLOCKS   KV blocks one uid may hold (default: no quota)\n"
 		"      --no-prefix-cache   never reuse cached prompt prefixes\n"
 		"      --drain-timeout MS  on SIGTERM, finish in-flight work for at most MS (default 5000)\n"
@@ -173,7 +175,7 @@ static int parse_args(int argc, char **argv, struct options *o)
 		.socket_gid = (gid_t)-1, .max_sessions = 16, .max_slots = 8, .max_tokens = 8192,
 		.max_inflight = 256, .max_uid_sessions = 64, .max_uid_inflight = 1024,
 		.max_uid_arena = 1ull << 30, .sq_entries = 64, .cq_entries = 256, .arena_bytes = 1 << 20,
-		.max_arena_bytes = 64 << 20, .max_batch_rows = 512, .drain_timeout_ms = 5000,
+		.max_arena_bytes = 64 << 20, .max_batch_rows = 32, .drain_timeout_ms = 5000,
 	};
 	sampler_params_default(&o->sp);
 	int c, li = -1;

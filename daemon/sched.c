@@ -685,16 +685,28 @@ static uint32_t collect(struct server *srv)
 /*
  * One step's rows, interactive requests before background ones: in each
  * class every decode, then prefill chunks from what the budget has left,
- * shared across requests so one client's long prompt cannot starve
- * another's. A request that finds the pool full preempts a lower-ranked one.
+ * split evenly between the clients that have prompts waiting (so one
+ * client's long prompts cannot starve another's) and first come, first
+ * served within a client. A request that finds the pool full preempts a
+ * lower-ranked one.
  */
 static void build(struct server *srv, struct batch *b)
 {
 	uint32_t n = collect(srv), budget = srv->cfg.max_batch_rows;
 	qsort(srv->cands, n, sizeof(*srv->cands), cand_cmp);
-	uint32_t n_prefill = 0;
-	for (uint32_t i = 0; i < n; i++)
-		n_prefill += !srv->cands[i].decode;
+	/* Clients with prompts to prefill share the rows evenly; each client's own go FCFS. */
+	uint32_t n_clients = 0;
+	for (struct conn *c = srv->conns; c; c = c->next)
+		c->step_rows = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		struct conn *c = srv->cands[i].r->c;
+		if (!srv->cands[i].decode && !c->step_rows) {
+			c->step_rows = 1;
+			n_clients++;
+		}
+	}
+	for (struct conn *c = srv->conns; c; c = c->next)
+		c->step_rows = 0;
 	for (uint32_t i = 0; i < n && budget; i++) {
 		struct cand *cd = &srv->cands[i];
 		struct request *r = cd->r;
@@ -722,11 +734,13 @@ static void build(struct server *srv, struct batch *b)
 			r->n_fed = hit > 0 ? (uint32_t)hit : 0;
 		}
 		r->reattach = 0;
-		/* A fair share of what is left for each prefill still waiting, at least one block. */
-		uint32_t share = budget / (n_prefill ? n_prefill : 1);
 		uint32_t bt = kvpool_config(srv->pool)->block_tokens;
-		share = share < bt ? (budget < bt ? budget : bt) : share;
-		n_prefill--;
+		uint32_t share = srv->cfg.max_batch_rows / (n_clients ? n_clients : 1);
+		share = share < bt ? bt : share;
+		if (r->c->step_rows >= share)
+			continue;
+		share -= r->c->step_rows;
+		share = share < budget ? share : budget;
 		uint32_t left = r->n_prompt - r->n_fed;
 		uint32_t take = left < share ? left : share;
 		int rc = reserve(srv, r, take);
@@ -745,6 +759,7 @@ static void build(struct server *srv, struct batch *b)
 		for (uint32_t j = 0; j < take; j++)
 			add_row(srv, b, r, r->prompt[r->n_fed + j], r->n_fed + j + 1 == r->n_prompt);
 		r->n_fed += take;
+		r->c->step_rows += take;
 		budget -= take;
 		srv->n_prefilled += take;
 	}

@@ -138,6 +138,7 @@ struct conn {
 	uint32_t n_sessions;
 	uint32_t next_session;
 	uint32_t inflight;		/* requests admitted and not completed */
+	uint32_t step_rows;		/* prefill rows it got in the step being built */
 	int dead;			/* hung up: the engine thread releases everything */
 	int released;			/* ... and has: the loop thread frees it */
 	int closing_ops;		/* loop ops being cancelled */

@@ -1,0 +1,246 @@
+#!/bin/sh
+# bench_serve.sh — kvd serving benchmarks with kvbench against a private daemon: decode
+# throughput vs sessions, inter-token latency under arriving prompts, prefix-cache TTFT.
+# Usage: tools/bench_serve.sh (B=build dir, THREADS=2, MODEL=path to override).
+# Request counts are cut and every run is capped so the suite fits ~10 minutes on 2 cores;
+# the output says where.
+set -u
+cd "$(dirname "$0")/.." || exit 1
+B=${B:-build}
+THREADS=${THREADS:-2}
+KVD="$B/kvd"
+KVBENCH="$B/kvbench"
+for f in "$KVD" "$KVBENCH" "$B/kvctl"; do
+	if [ ! -x "$f" ]; then
+		echo "bench_serve: $f is missing: make $f" >&2
+		exit 1
+	fi
+done
+dir=$(mktemp -d) || exit 1
+sock="$dir/kvd.sock"
+pid=
+bg=
+t_start=$(date +%s)
+
+stop_daemon() {
+	if [ -n "$pid" ]; then
+		kill -TERM "$pid" 2>/dev/null
+		wait "$pid" 2>/dev/null
+		pid=
+	fi
+	rm -f "$sock"
+}
+
+cleanup() {
+	if [ -n "$bg" ]; then
+		kill -TERM "$bg" 2>/dev/null
+		wait "$bg" 2>/dev/null
+	fi
+	stop_daemon
+	rm -rf "$dir"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# start_daemon [kvd options]: a fresh daemon, the default model, $THREADS threads.
+start_daemon() {
+	"$KVD" ${MODEL:+--model "$MODEL"} --socket "$sock" -t "$THREADS" "$@" >"$dir/kvd.log" 2>&1 &
+	pid=$!
+	i=0
+	until "$B/kvctl" --socket "$sock" info >/dev/null 2>&1; do
+		i=$((i + 1))
+		if [ $i -gt 300 ] || ! kill -0 "$pid" 2>/dev/null; then
+			echo "bench_serve: kvd $* did not come up:" >&2
+			cat "$dir/kvd.log" >&2
+			exit 1
+		fi
+		sleep 0.1
+	done
+}
+
+# run NAME CAP [kvbench options]: one kvbench run, its JSON in $dir/NAME.json. After CAP
+# seconds it gets SIGINT: it cancels what is in flight and reports what it measured, the
+# tokens of the cancelled requests included; capped() then marks the row.
+run() {
+	name=$1
+	cap=$2
+	shift 2
+	timeout -s INT -k 30 "$cap" "$KVBENCH" --socket "$sock" --json "$@" \
+		>"$dir/$name.json" 2>"$dir/$name.err"
+	rc=$?
+	if [ $rc -eq 124 ]; then
+		echo "$cap" >"$dir/$name.capped"
+	elif [ $rc -ne 0 ]; then
+		echo "bench_serve: kvbench $* failed (status $rc):" >&2
+		if ! kill -0 "$pid" 2>/dev/null; then
+			cat "$dir/$name.err" >&2
+			echo "bench_serve: kvd died; the end of its log:" >&2
+			tail -20 "$dir/kvd.log" >&2
+			exit 1
+		fi
+	fi
+	sed "s/^/  $name: /" "$dir/$name.err" >&2	# what kvbench had to say
+}
+
+# capped NAME: "*" when run NAME hit its time cap.
+capped() {
+	if [ -e "$dir/$1.capped" ]; then echo "*"; fi
+}
+
+# ttft NAME FIELD: a TTFT in ms, or ">CAP" for a capped run that saw no first token.
+ttft() {
+	v=$(get "$1" "$2")
+	if [ -z "$v" ] && [ -e "$dir/$1.capped" ]; then
+		echo ">$(($(cat "$dir/$1.capped") * 1000))"
+	else
+		fmt "$v" %.1f
+	fi
+}
+
+# get NAME FIELD: a number from run NAME's JSON ("" when missing or null).
+get() {
+	sed -n "s/.*\"$2\":\([-0-9.e+]*\)[,}].*/\1/p" "$dir/$1.json" 2>/dev/null
+}
+
+# fmt VALUE PRINTF-FORMAT: "-" for an empty value.
+fmt() {
+	awk -v v="$1" -v f="$2" 'BEGIN { if (v == "") print "-"; else printf f "\n", v }'
+}
+
+# percent FRACTION: "12.3%", or "-".
+percent() {
+	awk -v v="$1" 'BEGIN { if (v == "") print "-"; else printf "%.1f%%\n", v * 100 }'
+}
+
+# ratio A B: A / B as "1.23x", or "-".
+ratio() {
+	awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b == 0) print "-";
+		else printf "%.2fx\n", a / b }'
+}
+
+# decode NAME: sessions x 1000 / ITL p50, the decode rate without the prefill phases.
+decode() {
+	awk -v n="$(get "$1" clients)" -v i="$(get "$1" itl_p50_ms)" \
+		'BEGIN { if (i != "" && i > 0) printf "%.1f\n", n * 1000 / i }'
+}
+
+status() {
+	echo "  [$(($(date +%s) - t_start)) s so far; load average $(cut -d' ' -f1-3 /proc/loadavg)]"
+}
+
+echo "kvd serving benchmarks: $(nproc) cores, kvd -t $THREADS"
+status
+if awk -v n="$(nproc)" '{ exit !($1 > n / 2) }' /proc/loadavg; then
+	echo "  note: the machine is busy before we start: other processes will compete with kvd"
+	echo "  for the cores, and the numbers below will be noisy"
+fi
+start_daemon
+"$B/kvctl" --socket "$sock" info |
+	sed -n 's/^\(model\|backend\|kv_blocks_total\|kv_block_tokens\) */  \1: /p'
+note="  * hit its time cap: stopped by SIGINT, in-flight requests cancelled, their tokens counted"
+echo
+
+# ---------------------------------------------------------------------------
+echo "(a) aggregate decode throughput vs concurrent sessions"
+echo "    closed loop, 128-token prompts, 128 output tokens, 2 requests per session; runs"
+echo "    capped at 30/40/60/90 s. decode tok/s = sessions x 1000 / ITL p50 (no prefill)"
+for n in 1 4 16 64; do
+	case $n in 1) cap=30 ;; 4) cap=40 ;; 16) cap=60 ;; *) cap=90 ;; esac
+	run "a$n" $cap --clients $n --requests $((2 * n)) --prompt-len 128 --output-len 128 \
+		--seed $((100 + n))
+done
+printf '\n  %8s %9s %12s %12s %12s %11s %11s %8s\n' sessions requests "output tok/s" \
+	"decode tok/s" "TTFT p50 ms" "ITL p50 ms" "ITL p99 ms" "KV peak"
+for n in 1 4 16 64; do
+	printf '  %8s %9s %12s %12s %12s %11s %11s %8s\n' $n "$(get a$n requests)$(capped a$n)" \
+		"$(fmt "$(get a$n output_tok_s)" %.1f)" "$(fmt "$(decode a$n)" %.1f)" \
+		"$(ttft a$n ttft_p50_ms)" "$(fmt "$(get a$n itl_p50_ms)" %.2f)" \
+		"$(fmt "$(get a$n itl_p99_ms)" %.2f)" "$(percent "$(get a$n kv_peak)")"
+done
+printf '\n  %-10s %14s %14s\n' "ratio" "output tok/s" "decode tok/s"
+printf '  %-10s %14s %14s\n' "16 vs 1" "$(ratio "$(get a16 output_tok_s)" "$(get a1 output_tok_s)")" \
+	"$(ratio "$(decode a16)" "$(decode a1)")"
+printf '  %-10s %14s %14s\n' "64 vs 16" "$(ratio "$(get a64 output_tok_s)" "$(get a16 output_tok_s)")" \
+	"$(ratio "$(decode a64)" "$(decode a16)")"
+ls "$dir"/a*.capped >/dev/null 2>&1 && echo "$note"
+status
+echo
+
+# ---------------------------------------------------------------------------
+rate=0.5
+echo "(b) inter-token latency of 8 decoding sessions while 512-token prompts arrive"
+echo "    8 clients, 32-token prompts, 256 output tokens, one request each (capped at 45 s,"
+echo "    60 s under load); the load: a second kvbench, 2 clients, Poisson $rate prompts/s"
+echo "    of 512-token prompts with 1 output token, stopped when the 8 decoders are done"
+run b_alone 45 --clients 8 --requests 8 --prompt-len 32 --output-len 256 --seed 200
+"$KVBENCH" --socket "$sock" --json --clients 2 --rate $rate --duration 3600 --prompt-len 512 \
+	--output-len 1 --seed 201 >"$dir/b_bg.json" 2>"$dir/b_bg.err" &
+bg=$!
+run b_load 60 --clients 8 --requests 8 --prompt-len 32 --output-len 256 --seed 202
+kill -TERM "$bg" 2>/dev/null	# it stops, cancels the prompt in flight and reports
+wait "$bg"
+bg=
+sed 's/^/  b_bg: /' "$dir/b_bg.err" >&2
+printf '\n  %-26s %11s %11s %10s %9s %12s\n' "" "ITL p50 ms" "ITL p99 ms" "p99/p50" "tok/s" \
+	"TTFT p50 ms"
+for c in "b_alone:8 decoders alone" "b_load:8 decoders + prompts"; do
+	n=${c%%:*}
+	printf '  %-26s %11s %11s %10s %9s %12s\n' "${c#*:}$(capped "$n")" \
+		"$(fmt "$(get "$n" itl_p50_ms)" %.2f)" "$(fmt "$(get "$n" itl_p99_ms)" %.2f)" \
+		"$(ratio "$(get "$n" itl_p99_ms)" "$(get "$n" itl_p50_ms)")" \
+		"$(fmt "$(get "$n" output_tok_s)" %.1f)" "$(fmt "$(get "$n" ttft_p50_ms)" %.1f)"
+done
+printf '  %-26s %s done while the decoders ran, TTFT p50 %s ms, p99 %s ms\n' \
+	"512-token prompts" "$(get b_bg requests)" "$(fmt "$(get b_bg ttft_p50_ms)" %.1f)" \
+	"$(fmt "$(get b_bg ttft_p99_ms)" %.1f)"
+printf '  %-26s %s\n' "ITL p99 load / alone" \
+	"$(ratio "$(get b_load itl_p99_ms)" "$(get b_alone itl_p99_ms)")"
+ls "$dir"/b*.capped >/dev/null 2>&1 && echo "$note"
+stop_daemon
+status
+echo
+
+# ---------------------------------------------------------------------------
+echo "(c) TTFT of 32 clients sharing a 512-token system prompt"
+echo "    one request each, all at once: 512 shared + 64 own prompt tokens, 16 output tokens;"
+echo "    a fresh daemon per case; cold: nothing cached yet; warm: one request with the"
+echo "    system prompt ran first; runs capped at 50 (cold), 40 (warm) and 90 s (disabled)"
+c_opts="--clients 32 --requests 32 --prompt-len 576 --output-len 16 --seed 300"
+warm="--clients 1 --requests 1 --prompt-len 576 --output-len 1 --shared-prefix 512 --seed 300"
+if "$KVD" --help 2>&1 | grep -q -- --no-prefix-cache; then
+	on=
+	off_opts="--shared-prefix 512"
+	off_kvd=--no-prefix-cache
+	off="kvd --no-prefix-cache"
+else
+	echo "    note: this kvd has no --no-prefix-cache yet. The cached cases run kvd --prefix-global;"
+	echo "    'disabled' runs the same load with nothing shared (576 unique tokens per prompt),"
+	echo "    which computes every prompt token as a disabled cache would."
+	on=--prefix-global
+	off_opts="--shared-prefix 0"
+	off_kvd=--prefix-global
+	off="nothing shared"
+fi
+start_daemon $on
+run c_cold 50 $c_opts --shared-prefix 512
+stop_daemon
+start_daemon $on
+run c_warmup 30 $warm
+run c_warm 40 $c_opts --shared-prefix 512
+stop_daemon
+start_daemon $off_kvd
+run c_off 90 $c_opts $off_opts
+stop_daemon
+printf '\n  %-32s %12s %12s %12s %9s\n' "" "TTFT p50 ms" "TTFT p99 ms" "prefix hits" "tok/s"
+for c in "c_cold:prefix cache, cold" "c_warm:prefix cache, warm" "c_off:disabled ($off)"; do
+	n=${c%%:*}
+	printf '  %-32s %12s %12s %12s %9s\n' "${c#*:}$(capped "$n")" \
+		"$(ttft "$n" ttft_p50_ms)" "$(ttft "$n" ttft_p99_ms)" \
+		"$(percent "$(get "$n" prefix_hit_rate)")" "$(fmt "$(get "$n" output_tok_s)" %.1f)"
+done
+printf '  %-32s %12s\n' "TTFT p50 disabled / warm" \
+	"$(ratio "$(get c_off ttft_p50_ms)" "$(get c_warm ttft_p50_ms)")"
+printf '  %-32s %12s\n' "TTFT p50 disabled / cold" \
+	"$(ratio "$(get c_off ttft_p50_ms)" "$(get c_cold ttft_p50_ms)")"
+ls "$dir"/c*.capped >/dev/null 2>&1 && echo "$note"
+status
