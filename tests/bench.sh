@@ -7,4 +7,9 @@ for b in "$@"; do
 	echo "=== $(basename "$b")"
 	"$b" || status=1
 done
+# The serving benchmarks run a real daemon with kvbench clients.
+if [ -x tools/bench_serve.sh ] && [ -x build/kvbench ]; then
+	echo "=== serving (tools/bench_serve.sh)"
+	sh tools/bench_serve.sh || status=1
+fi
 exit $status
