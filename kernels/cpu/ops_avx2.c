@@ -73,20 +73,8 @@ int ops_attention_group_avx2(float *out, const float *q, const struct kb_kv_view
 			s[g * np + p] = hsum256(acc) * sh->scale;
 		}
 	}
-	for (uint32_t g = 0; g < group; g++) {
-		float *sg = s + g * np;
-		float mx = -INFINITY;
-		for (uint32_t p = 0; p < np; p++)
-			mx = sg[p] > mx ? sg[p] : mx;
-		for (uint32_t p = 0; p < np; p++)
-			sg[p] = expf_inline(sg[p] - mx);
-		double sum = 0.0;
-		for (uint32_t p = 0; p < np; p++)
-			sum += sg[p];
-		float inv = (float)(1.0 / sum);
-		for (uint32_t p = 0; p < np; p++)
-			sg[p] = f32 ? sg[p] * inv : fp16_round(sg[p] * inv);
-	}
+	for (uint32_t g = 0; g < group; g++)
+		softmax_row(s + g * np, np, !f32);
 	for (uint32_t g = 0; g < group; g++) {
 		__m256 acc[ATT_MAX_HD / 8];
 		for (uint32_t i = 0; i < hd / 8; i++)

@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include "kernels/cpu/quant.h"
 
 /*
  * x = n ln2 + r with |r| <= ln2/2 (ln2 split in two for an exact
@@ -30,6 +31,26 @@ static inline float expf_inline(float x)
 	float s;
 	memcpy(&s, &e, 4);
 	return p * s;
+}
+
+/*
+ * x (n,) = softmax(x) in place: the exponentials summed in double, then
+ * scaled; round16 rounds each weight to f16, as the sum over an f16 V
+ * cache takes them. Inline so each instruction-set variant compiles its own.
+ */
+static inline void softmax_row(float *x, uint32_t n, int round16)
+{
+	float mx = -INFINITY;
+	for (uint32_t p = 0; p < n; p++)
+		mx = x[p] > mx ? x[p] : mx;
+	for (uint32_t p = 0; p < n; p++)
+		x[p] = expf_inline(x[p] - mx);
+	double sum = 0.0;
+	for (uint32_t p = 0; p < n; p++)
+		sum += x[p];
+	float inv = (float)(1.0 / sum);
+	for (uint32_t p = 0; p < n; p++)
+		x[p] = round16 ? fp16_round(x[p] * inv) : x[p] * inv;
 }
 
 #endif
