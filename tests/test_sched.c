@@ -1,7 +1,8 @@
 /*
  * test_sched.c — the scheduler through a real daemon: batched decode equals
  * decode alone, a long prefill does not stall decoders (by step counts),
- * preemption on a tiny pool changes no token, priorities order service.
+ * preemption on a tiny pool changes no token, priorities order service,
+ * per-uid quotas hold.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -290,6 +291,49 @@ static void test_priorities(void **state)
 	daemon_stop(&d);
 }
 
+/*
+ * A uid's KV quota: requests that fit it alone run one after another with
+ * unchanged tokens; one that could never fit is refused with -EDQUOT.
+ */
+static void test_kv_quota(void **state)
+{
+	(void)state;
+	if (!have_io_uring())
+		skip();
+	struct daemon d, q;
+	struct kvc_conn *c;
+	uint32_t s;
+	static uint32_t ample[4][OUT], quota[4][OUT];
+	daemon_start(&d, NULL);
+	assert_int_equal(kvc_connect(&c, d.sock), 0);
+	assert_int_equal(kvc_session_open(c, &s), 0);
+	run_batch(c, s, 4, 0, ample, NULL);
+	kvc_close(c);
+	daemon_stop(&d);
+	/* 3 blocks for the uid: each request (5..14 + 12 tokens) needs two. */
+	daemon_start(&q, "--kv-quota", "3", NULL);
+	assert_int_equal(kvc_connect(&c, q.sock), 0);
+	assert_int_equal(kvc_session_open(c, &s), 0);
+	run_batch(c, s, 4, 0, quota, NULL);
+	for (uint32_t i = 0; i < 4; i++)
+		if (memcmp(ample[i], quota[i], sizeof(ample[i])))
+			fail_msg("request %u: tokens differ under the quota", i);
+	/* 60 prompt tokens + 12 need five blocks: never within a quota of three. */
+	uint32_t off, out;
+	kvc_arena_reset(c);
+	assert_int_equal(kvc_arena_alloc(c, 60 * 4, &off), 0);
+	assert_int_equal(kvc_arena_alloc(c, OUT * 4, &out), 0);
+	memset(kvc_arena(c, NULL) + off, 0, 60 * 4);
+	struct kvd_sqe sqe;
+	struct kvd_cqe cqe;
+	kvc_prep_generate(&sqe, s, 0, 7, off, 60, out, OUT);
+	assert_int_equal(kvc_submit(c, &sqe), 0);
+	assert_int_equal(kvc_wait(c, &cqe, 60000), 0);
+	assert_int_equal(cqe.res, -EDQUOT);
+	kvc_close(c);
+	daemon_stop(&q);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -297,6 +341,7 @@ int main(void)
 		cmocka_unit_test(test_prefill_does_not_stall_decodes),
 		cmocka_unit_test(test_preemption_keeps_tokens),
 		cmocka_unit_test(test_priorities),
+		cmocka_unit_test(test_kv_quota),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
