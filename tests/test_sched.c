@@ -30,6 +30,30 @@ struct daemon {
 	char sock[96];
 };
 
+/* Daemons still running: a failed test leaves its own, the group teardown ends them. */
+static pid_t live[8];
+
+static void live_set(pid_t pid, pid_t to)
+{
+	for (int i = 0; i < 8; i++)
+		if (live[i] == pid) {
+			live[i] = to;
+			return;
+		}
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	for (int i = 0; i < 8; i++)
+		if (live[i] > 0) {
+			kill(live[i], SIGKILL);
+			waitpid(live[i], NULL, 0);
+			live[i] = 0;
+		}
+	return 0;
+}
+
 static const char *model_path(void)
 {
 	const char *p = getenv("KVD_MODEL");
@@ -67,6 +91,7 @@ static void daemon_start(struct daemon *d, ...)
 		execv(argv[0], (char *const *)argv);
 		_exit(127);
 	}
+	live_set(0, d->pid);
 	for (int i = 0; i < 300; i++) {
 		struct kvc_conn *c;
 		if (!kvc_connect(&c, d->sock)) {
@@ -85,6 +110,7 @@ static void daemon_stop(struct daemon *d)
 	int st;
 	kill(d->pid, SIGTERM);
 	waitpid(d->pid, &st, 0);
+	live_set(d->pid, 0);
 	rmdir(d->dir);
 	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 }
@@ -343,5 +369,5 @@ int main(void)
 		cmocka_unit_test(test_priorities),
 		cmocka_unit_test(test_kv_quota),
 	};
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return cmocka_run_group_tests(tests, NULL, teardown);
 }
