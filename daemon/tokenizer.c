@@ -647,3 +647,45 @@ int tokenizer_decode(const struct tokenizer *t, const uint32_t *ids, size_t n,
 	}
 	return (int)w;
 }
+
+static int pair_before(const struct tok_pair *x, const struct tok_pair *y)
+{
+	return x->key < y->key || (x->key == y->key && x->left < y->left);
+}
+
+void tok_pair_push(struct tok_pair *heap, uint32_t *n, struct tok_pair p)
+{
+	uint32_t i = (*n)++;
+
+	while (i > 0) {
+		uint32_t up = (i - 1) / 2;
+
+		if (!pair_before(&p, &heap[up]))
+			break;
+		heap[i] = heap[up];
+		i = up;
+	}
+	heap[i] = p;
+}
+
+struct tok_pair tok_pair_pop(struct tok_pair *heap, uint32_t *n)
+{
+	struct tok_pair top = heap[0], last = heap[--*n];
+	uint32_t i = 0, m = *n;
+
+	for (;;) {
+		uint32_t c = 2 * i + 1;
+
+		if (c >= m)
+			break;
+		if (c + 1 < m && pair_before(&heap[c + 1], &heap[c]))
+			c++;
+		if (!pair_before(&heap[c], &last))
+			break;
+		heap[i] = heap[c];
+		i = c;
+	}
+	if (m)
+		heap[i] = last;
+	return top;
+}

@@ -224,63 +224,16 @@ struct bpe_sym {
 	int32_t prev, next;	/* -1 at the ends */
 };
 
-struct bpe_pair {
-	uint32_t rank;
-	uint32_t left, right;	/* symbol indices */
-	uint32_t lid, rid;	/* their ids when queued: a change makes the pair stale */
-	uint32_t id;		/* merged token */
-};
-
+/* Pairs carry the merge rank as key, a/b the symbols' ids when queued (a change
+ * makes the pair stale) and c the merged token. */
 /* Scratch reused across the pieces of one encode call. */
 struct bpe_work {
 	struct bpe_sym *sym;	/* (cap,) */
-	struct bpe_pair *heap;	/* (3 * cap,): n - 1 initial pairs, at most 2 per merge */
+	struct tok_pair *heap;	/* (3 * cap,): n - 1 initial pairs, at most 2 per merge */
 	char *mapped;		/* (4 * cap,) ignore_merges: the piece in byte-level text */
 	size_t cap;
 	uint32_t n_heap;
 };
-
-static int pair_before(const struct bpe_pair *a, const struct bpe_pair *b)
-{
-	return a->rank < b->rank || (a->rank == b->rank && a->left < b->left);
-}
-
-static void heap_push(struct bpe_work *w, struct bpe_pair p)
-{
-	uint32_t i = w->n_heap++;
-
-	while (i > 0) {
-		uint32_t up = (i - 1) / 2;
-
-		if (!pair_before(&p, &w->heap[up]))
-			break;
-		w->heap[i] = w->heap[up];
-		i = up;
-	}
-	w->heap[i] = p;
-}
-
-static struct bpe_pair heap_pop(struct bpe_work *w)
-{
-	struct bpe_pair top = w->heap[0], last = w->heap[--w->n_heap];
-	uint32_t i = 0, n = w->n_heap;
-
-	for (;;) {
-		uint32_t c = 2 * i + 1;
-
-		if (c >= n)
-			break;
-		if (c + 1 < n && pair_before(&w->heap[c + 1], &w->heap[c]))
-			c++;
-		if (!pair_before(&w->heap[c], &last))
-			break;
-		w->heap[i] = w->heap[c];
-		i = c;
-	}
-	if (n)
-		w->heap[i] = last;
-	return top;
-}
 
 static void try_pair(const struct tokenizer *t, struct bpe_work *w, int32_t l, int32_t r)
 {
@@ -290,7 +243,7 @@ static void try_pair(const struct tokenizer *t, struct bpe_work *w, int32_t l, i
 		return;
 	m = merge_find(t, w->sym[l].id, w->sym[r].id);
 	if (m)
-		heap_push(w, (struct bpe_pair){ m->rank, (uint32_t)l, (uint32_t)r,
+		tok_pair_push(w->heap, &w->n_heap, (struct tok_pair){ (double)m->rank, (uint32_t)l, (uint32_t)r,
 						w->sym[l].id, w->sym[r].id, m->id });
 }
 
@@ -354,13 +307,13 @@ static int bpe_piece(const struct tokenizer *t, struct bpe_work *w, const uint8_
 		try_pair(t, w, (int32_t)i, (int32_t)i + 1);
 
 	while (w->n_heap) {
-		struct bpe_pair p = heap_pop(w);
+		struct tok_pair p = tok_pair_pop(w->heap, &w->n_heap);
 		struct bpe_sym *l = &w->sym[p.left], *r = &w->sym[p.right];
 
-		if (l->id != p.lid || r->id != p.rid || l->next != (int32_t)p.right ||
+		if (l->id != p.a || r->id != p.b || l->next != (int32_t)p.right ||
 		    l->id == TOK_NONE || r->id == TOK_NONE)
 			continue;
-		l->id = p.id;
+		l->id = p.c;
 		l->next = r->next;
 		if (r->next >= 0)
 			w->sym[r->next].prev = (int32_t)p.left;

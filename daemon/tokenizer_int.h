@@ -107,4 +107,18 @@ size_t tok_spm_unmap(const char *text, size_t len, char *buf, size_t cap);
 /* tokenizer_chat.c: recognise tokenizer.chat_template; 0 or -ENOMEM (unknown is CHAT_NONE). */
 int tok_chat_init(struct tokenizer *t, const struct gguf_file *f);
 
+/*
+ * A candidate merge of two adjacent symbols. Both BPE kinds keep them in a
+ * min-heap: lower key first, the leftmost on ties.
+ */
+struct tok_pair {
+	double key;		/* a BPE merge rank, or minus a SentencePiece score */
+	uint32_t left, right;	/* symbol indices */
+	uint32_t a, b, c;	/* the caller's: what the pair was when queued, what it makes */
+};
+
+/* heap (cap,) holds *n pairs; the caller sizes it. */
+void tok_pair_push(struct tok_pair *heap, uint32_t *n, struct tok_pair p);
+struct tok_pair tok_pair_pop(struct tok_pair *heap, uint32_t *n);
+
 #endif

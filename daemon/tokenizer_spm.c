@@ -50,61 +50,15 @@ struct spm_sym {
 	int32_t prev, next;
 };
 
-struct spm_pair {
-	float score;
-	uint32_t left, right;
-	uint32_t len;		/* left + right bytes when queued: a change makes it stale */
-};
-
+/* Pairs carry minus the joined token's score as key and in a the pair's bytes
+ * when queued (a change makes it stale). */
 struct spm_work {
 	const struct tokenizer *t;
 	const char *s;
 	struct spm_sym *sym;
-	struct spm_pair *heap;	/* higher score first, then leftmost */
+	struct tok_pair *heap;	/* higher score first, then leftmost */
 	uint32_t n_heap;
 };
-
-static int pair_before(const struct spm_pair *a, const struct spm_pair *b)
-{
-	return a->score > b->score || (a->score == b->score && a->left < b->left);
-}
-
-static void heap_push(struct spm_work *w, struct spm_pair p)
-{
-	uint32_t i = w->n_heap++;
-
-	while (i > 0) {
-		uint32_t up = (i - 1) / 2;
-
-		if (!pair_before(&p, &w->heap[up]))
-			break;
-		w->heap[i] = w->heap[up];
-		i = up;
-	}
-	w->heap[i] = p;
-}
-
-static struct spm_pair heap_pop(struct spm_work *w)
-{
-	struct spm_pair top = w->heap[0], last = w->heap[--w->n_heap];
-	uint32_t i = 0, n = w->n_heap;
-
-	for (;;) {
-		uint32_t c = 2 * i + 1;
-
-		if (c >= n)
-			break;
-		if (c + 1 < n && pair_before(&w->heap[c + 1], &w->heap[c]))
-			c++;
-		if (!pair_before(&w->heap[c], &last))
-			break;
-		w->heap[i] = w->heap[c];
-		i = c;
-	}
-	if (n)
-		w->heap[i] = last;
-	return top;
-}
 
 /* A pair is a candidate only if its joined text is a token; the token's score orders it. */
 static void try_pair(struct spm_work *w, int32_t l, int32_t r)
@@ -117,7 +71,8 @@ static void try_pair(struct spm_work *w, int32_t l, int32_t r)
 	id = tok_lookup(w->t, w->s + w->sym[l].off, len);
 	if (id == TOK_NONE)
 		return;
-	heap_push(w, (struct spm_pair){ w->t->vocab[id].score, (uint32_t)l, (uint32_t)r, len });
+	tok_pair_push(w->heap, &w->n_heap,
+		      (struct tok_pair){ -(double)w->t->vocab[id].score, (uint32_t)l, (uint32_t)r, len, 0, 0 });
 }
 
 static void emit_symbol(const struct tokenizer *t, const char *s, uint32_t len, struct tok_out *o)
@@ -193,10 +148,10 @@ int tok_spm_encode(const struct tokenizer *t, const char *text, size_t len, int 
 		try_pair(&w, (int32_t)i - 1, (int32_t)i);
 
 	while (w.n_heap) {
-		struct spm_pair p = heap_pop(&w);
+		struct tok_pair p = tok_pair_pop(w.heap, &w.n_heap);
 		struct spm_sym *l = &w.sym[p.left], *r = &w.sym[p.right];
 
-		if (l->len == 0 || r->len == 0 || l->len + r->len != p.len)
+		if (l->len == 0 || r->len == 0 || l->len + r->len != p.a)
 			continue;
 		l->len += r->len;
 		r->len = 0;
