@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "shm/kvring.h"
+#include "tests/bench_util.h"
 #include "uapi/kvd.h"
 
 #define N 4000
@@ -103,12 +104,6 @@ static void consume(struct chan *ch)
 		}
 		ch->lat_us[i] = (double)(now_ns() - cqe.user_data) / 1000.0;
 	}
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-	return (x > y) - (x < y);
 }
 
 int main(void)

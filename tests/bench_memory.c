@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#include "tests/bench_util.h"
 #include "daemon/engine.h"
 #include "daemon/kvpool.h"
 #include "daemon/model.h"
@@ -20,13 +21,6 @@
 #define CHUNK 512
 #define DECODE 512
 #define OUT_DIR "build/bench"
-
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static double rss_mib(void)
 {
