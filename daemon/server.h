@@ -201,11 +201,26 @@ struct uid_usage *server_uid(struct server *srv, uid_t uid);
 /* Free everything of a connection the engine thread has released (loop thread). */
 void server_conn_free(struct server *srv, struct conn *c);
 
-/* sched.c: the data plane, on the engine thread. */
-void *sched_thread(void *arg);
-/* Post a completion to c (overflow list when the CQ is full); lock held. */
-void sched_post(struct conn *c, const struct kvd_cqe *cqe);
+/* admit.c: requests in, completions out, on the engine thread; lock held. */
+void admit_drain_sq(struct server *srv, struct conn *c);
+void admit_post(struct conn *c, uint64_t user_data, int32_t res, uint32_t flags, uint32_t token,
+		uint32_t n_out, uint32_t slot);
+void admit_flush_overflow(struct conn *c);
+/* Pop r (the head of its slot), post its final completion, free it. */
+void admit_finish(struct server *srv, struct request *r, int32_t res, uint32_t flags);
+void admit_req_free(struct request *r);
+void admit_slot_reset(struct server *srv, struct slot *sl);
+/* Cancel every request of a session and give back its sequences; notify: post completions. */
+void admit_session_release(struct server *srv, struct conn *c, struct session *s, int notify);
+/* Release a dead connection's sessions and tell the loop thread to free it. */
+void admit_conn_release(struct server *srv, struct conn *c);
+
+/* Post a completion to c (overflow list when the CQ is full). */
+void admit_post_cqe(struct conn *c, const struct kvd_cqe *cqe);
 /* Ask the loop thread to look for released connections. */
-void sched_kick_reaper(struct server *srv);
+void admit_kick_reaper(struct server *srv);
+
+/* sched.c: the engine thread's loop. */
+void *sched_thread(void *arg);
 
 #endif
