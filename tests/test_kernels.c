@@ -581,6 +581,64 @@ static void test_qdot(void **state)
 	       "max rel err vs x ref (plain rows) %.2g\n", worst_q, worst_x, worst_rel);
 }
 
+/*
+ * The eight-row kernels: out[r][i] = row_i . x_r, bitwise the one-row
+ * portable result, for every activation count, with the output stride
+ * respected (column 8 of each output row must stay untouched). Random bytes
+ * cover the extremes (nibbles 0 and 15, int8 -128 and 127).
+ */
+static void test_qdot8(void **state)
+{
+	(void)state;
+	static const char *const isas[] = { "avx2", "avx512vnni" };
+	enum { OS = 9 };
+	struct blk_q8x xq[DOT_MAX_NR][DOT_COLS / QK];
+	float x[DOT_COLS];
+	const size_t nblk = DOT_COLS / QK;
+	int checked = 0;
+	rng_seed(47);
+	for (int r = 0; r < DOT_MAX_NR; r++) {
+		rand_xrow(x, DOT_COLS, (uint32_t)r);
+		quantize_row_q8x(x, xq[r], DOT_COLS);
+	}
+	for (size_t t = 0; t < N_QTYPES; t++) {
+		uint32_t type = qtypes[t];
+		size_t rb = row_bytes_of(type, DOT_COLS);
+		uint8_t *rows = malloc(rb * 8);
+		float base[8][DOT_MAX_NR], out[DOT_MAX_NR * OS];
+		assert_non_null(rows);
+		for (int i = 0; i < 8; i++) {
+			rand_wrow(type, rows + i * rb, DOT_COLS);
+			for (int r = 0; r < DOT_MAX_NR; r++)
+				dot_q_generic(type, rows + i * rb, xq[r], nblk, 1, nblk, &base[i][r], 1);
+		}
+		for (int f = -1; f < 2; f++) {
+			qdot8_fn fn = f < 0 ? NULL : dot_select_q8_isa(type, isas[f]);
+			if (f >= 0 && !fn)
+				continue;
+			for (int nr = 1; nr <= DOT_MAX_NR; nr++) {
+				for (int i = 0; i < DOT_MAX_NR * OS; i++)
+					out[i] = -7.0f;
+				if (fn)
+					fn(rows, rb, xq[0], nblk, nr, nblk, out, OS);
+				else
+					dot8_q_generic(type, rows, rb, xq[0], nblk, nr, nblk, out, OS);
+				for (int r = 0; r < DOT_MAX_NR; r++)
+					for (int i = 0; i < OS; i++) {
+						float want = r < nr && i < 8 ? base[i][r] : -7.0f;
+						if (fbits(out[r * OS + i]) != fbits(want))
+							fail_msg("%s %s: nr %d, xrow %d, wrow %d: %a, want %a",
+								 type_name(type), f < 0 ? "generic" : isas[f],
+								 nr, r, i, (double)out[r * OS + i], (double)want);
+					}
+			}
+			checked += f >= 0;
+		}
+		free(rows);
+	}
+	printf("eight-row kernels checked: %d (type, isa) pairs\n", checked);
+}
+
 /* ---- 4. backend matmul ---- */
 
 #define MM_COLS 512
@@ -1161,6 +1219,7 @@ int main(void)
 		cmocka_unit_test(test_dequant_k),
 		cmocka_unit_test(test_dequant_float),
 		cmocka_unit_test(test_qdot),
+		cmocka_unit_test(test_qdot8),
 		cmocka_unit_test(test_matmul),
 		cmocka_unit_test(test_rmsnorm),
 		cmocka_unit_test(test_swiglu),

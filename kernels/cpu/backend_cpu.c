@@ -32,6 +32,7 @@ struct mm_part {
 	const struct kb_weight *w;
 	float *y;			/* (n, w->rows) */
 	qdot_fn qdot;
+	qdot8_fn qdot8;		/* eight rows at once, where the type has it */
 	fdot_fn fdot;
 	uint32_t rows_per_task;
 	uint32_t task0;			/* first task index of this part */
@@ -55,7 +56,10 @@ static void mm_quantize_task(void *ctx, uint32_t t)
 
 /*
  * A task owns a run of one weight's rows and serves every activation row
- * with them, four at a time, so a weight row is read from memory once per step.
+ * with them, DOT_MAX_NR at a time, so a weight row is read from memory once
+ * per step. Full tiles of activation rows take runs of eight weight rows
+ * through the eight-row kernel (same bits; below a full tile its slicing
+ * costs more than it saves).
  */
 static void mm_dot_task(void *ctx, uint32_t t)
 {
@@ -70,11 +74,16 @@ static void mm_dot_task(void *ctx, uint32_t t)
 	for (uint32_t xt = 0; xt < j->n; xt += DOT_MAX_NR) {
 		int nr = j->n - xt < DOT_MAX_NR ? (int)(j->n - xt) : DOT_MAX_NR;
 		float *y = pt->y + (size_t)xt * w->rows;
-		for (uint32_t r = r0; r < r1; r++) {
+		const struct blk_q8x *xq = j->xq + (size_t)xt * j->nblk;
+		uint32_t r = r0;
+		if (pt->qdot8 && nr == DOT_MAX_NR)
+			for (; r + 8 <= r1; r += 8)
+				pt->qdot8((const uint8_t *)w->data + (size_t)r * w->row_bytes,
+					  w->row_bytes, xq, j->nblk, nr, j->nblk, y + r, w->rows);
+		for (; r < r1; r++) {
 			const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
 			if (pt->qdot)
-				pt->qdot(row, j->xq + (size_t)xt * j->nblk, j->nblk, nr, j->nblk,
-					 y + r, w->rows);
+				pt->qdot(row, xq, j->nblk, nr, j->nblk, y + r, w->rows);
 			else
 				pt->fdot(row, j->x + (size_t)xt * w->cols, w->cols, nr, w->cols,
 					 y + r, w->rows);
@@ -104,15 +113,20 @@ static int cpu_matmul_multi(struct backend *b, float *const *y, const struct kb_
 			if (w[i]->cols % QK)
 				return -EINVAL;
 			pt->qdot = dot_select_q(w[i]->type);
+			pt->qdot8 = dot_select_q8(w[i]->type);
 			any_q = 1;
 		} else {
 			pt->fdot = dot_select_f(w[i]->type);
 		}
 		if (!pt->qdot && !pt->fdot)
 			return -ENOTSUP;
-		/* Enough tasks to balance the threads, few enough to keep overhead small. */
+		/*
+		 * Enough tasks to balance the threads, few enough to keep overhead
+		 * small; whole eights of rows for the eight-row kernel.
+		 */
 		uint32_t rpt = (w[i]->rows + nt - 1) / nt;
-		pt->rows_per_task = rpt < 4 ? 4 : rpt > 64 ? 64 : rpt;
+		rpt = rpt < 8 ? 8 : rpt > 64 ? 64 : rpt;
+		pt->rows_per_task = (rpt + 7) / 8 * 8;
 		pt->task0 = tasks;
 		tasks += (w[i]->rows + pt->rows_per_task - 1) / pt->rows_per_task;
 	}

@@ -29,6 +29,15 @@ void dot_q_generic(uint32_t type, const void *row, const struct blk_q8x *x, size
 		out[r * out_stride] = hsum8(acc[r]) + accm[r];
 }
 
+/* Eight rows at a time through the one-row reference (for tests and as a fallback). */
+void dot8_q_generic(uint32_t type, const void *rows, size_t row_bytes, const struct blk_q8x *x,
+		    size_t x_stride, int nr, size_t nblk, float *out, size_t out_stride)
+{
+	for (int i = 0; i < 8; i++)
+		dot_q_generic(type, (const uint8_t *)rows + i * row_bytes, x, x_stride, nr, nblk,
+			      out + i, out_stride);
+}
+
 #define GENERIC_Q(name, type)                                                         \
 	static void name(const void *row, const struct blk_q8x *x, size_t x_stride,    \
 			 int nr, size_t nblk, float *out, size_t out_stride)           \
@@ -92,6 +101,7 @@ fdot_fn dot_select_f(uint32_t type)
 
 #if defined(__x86_64__)
 qdot_fn dot_x86_select(uint32_t type, const char *want, const char **isa);
+qdot8_fn dot_x86_select8(uint32_t type, const char *want);
 #endif
 
 static const char *chosen_isa = "generic";
@@ -120,12 +130,32 @@ qdot_fn dot_select_q_isa(uint32_t type, const char *want, const char **isa)
 }
 
 /* KVD_CPU_ISA=generic|avx2|avx512vnni forces a path (for comparisons). */
-qdot_fn dot_select_q(uint32_t type)
+static const char *wanted_isa(void)
 {
 	const char *want = getenv("KVD_CPU_ISA");
-	if (want && !*want)
-		want = NULL;
-	return dot_select_q_isa(type, want, &chosen_isa);
+	return want && *want ? want : NULL;
+}
+
+qdot_fn dot_select_q(uint32_t type)
+{
+	return dot_select_q_isa(type, wanted_isa(), &chosen_isa);
+}
+
+qdot8_fn dot_select_q8_isa(uint32_t type, const char *want)
+{
+	if (want && !strcmp(want, "generic"))
+		return NULL;
+#if defined(__x86_64__)
+	return dot_x86_select8(type, want);
+#else
+	(void)type;
+	return NULL;
+#endif
+}
+
+qdot8_fn dot_select_q8(uint32_t type)
+{
+	return dot_select_q8_isa(type, wanted_isa());
 }
 
 const char *dot_isa(void)

@@ -6,7 +6,7 @@
 #include <stdint.h>
 #include "kernels/cpu/quant.h"
 
-#define DOT_MAX_NR 4	/* activation rows one call serves */
+#define DOT_MAX_NR 8	/* activation rows one call serves */
 
 /*
  * Quantized weights: out[r * out_stride] = row . x_r for r < nr, where x_r
@@ -18,6 +18,15 @@
 typedef void (*qdot_fn)(const void *row, const struct blk_q8x *x, size_t x_stride,
 			int nr, size_t nblk, float *out, size_t out_stride);
 
+/*
+ * The same for eight consecutive weight rows (row i at rows + i * row_bytes):
+ * out[r * out_stride + i] = row_i . x_r, bitwise what qdot_fn gives: the
+ * same eight partial sums per row, accumulated in the same order, with
+ * the eight rows side by side in the SIMD lanes.
+ */
+typedef void (*qdot8_fn)(const void *rows, size_t row_bytes, const struct blk_q8x *x,
+			 size_t x_stride, int nr, size_t nblk, float *out, size_t out_stride);
+
 /* Float weights (F32/F16/BF16) against float activations, 8 lanes then a fixed tree. */
 typedef void (*fdot_fn)(const void *row, const float *x, size_t x_stride, int nr,
 			size_t n, float *out, size_t out_stride);
@@ -27,9 +36,14 @@ qdot_fn dot_select_q(uint32_t type);
 fdot_fn dot_select_f(uint32_t type);
 /* A named implementation ("generic", "avx2", "avx512vnni"; NULL = best), or NULL if unavailable. */
 qdot_fn dot_select_q_isa(uint32_t type, const char *want, const char **isa);
+/* The eight-row kernel of the ISA dot_select_q() chose, or NULL where that type has none. */
+qdot8_fn dot_select_q8(uint32_t type);
+qdot8_fn dot_select_q8_isa(uint32_t type, const char *want);
 /* The portable implementation, for tests. */
 void dot_q_generic(uint32_t type, const void *row, const struct blk_q8x *x, size_t x_stride,
 		   int nr, size_t nblk, float *out, size_t out_stride);
+void dot8_q_generic(uint32_t type, const void *rows, size_t row_bytes, const struct blk_q8x *x,
+		    size_t x_stride, int nr, size_t nblk, float *out, size_t out_stride);
 /* Which instruction set dot_select_q() chose: "avx512vnni", "avx2" or "generic". */
 const char *dot_isa(void);
 
