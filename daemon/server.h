@@ -38,6 +38,12 @@ struct server_config {
 	int prefix_global;	/* one prefix-cache namespace for everyone */
 	int no_prefix_cache;	/* never reuse cached blocks (for comparisons) */
 	uint32_t kv_quota;	/* KV blocks one uid may hold; 0: no quota */
+	/*
+	 * SIGHUP: write the values that may change live into *live (a copy of
+	 * the running config); the server installs it. NULL: nothing to reload.
+	 */
+	void (*reload)(void *arg, struct server_config *live);
+	void *reload_arg;
 };
 
 enum req_phase { REQ_QUEUED, REQ_PREFILL, REQ_DECODE };
@@ -158,6 +164,10 @@ struct server {
 	struct loop_op accept_op;
 	struct loop_op signal_op;
 	struct loop_op reap_op;
+	struct loop_op watchdog_op;	/* pings systemd's watchdog from the loop */
+	unsigned watchdog_ms;		/* its period; 0: no watchdog */
+	int activated;			/* the socket came from systemd: not ours to unlink */
+	char socket_name[108];		/* the path it listens on, for messages */
 	uint8_t sigbuf[128];
 	uint64_t reap_val;
 	int vocab_fd;
