@@ -343,7 +343,7 @@ int main(int argc, char **argv)
 	int rc = config_load(&o, argc, argv, err, sizeof(err));
 	if (rc || o.help) {
 		if (rc)
-			fprintf(stderr, "kvd: %s\nkvd: `kvd --help` lists the options\n", err);
+			log_msg(LOG_ERR, "%s (`kvd --help` lists the options)", err);
 		else
 			usage(stdout);
 		config_free(&o);
@@ -372,7 +372,7 @@ int main(int argc, char **argv)
 	struct model *m;
 	rc = model_load(&m, o.model, err, sizeof(err));
 	if (rc) {
-		fprintf(stderr, "kvd: %s: %s\n", o.model, err);
+		log_msg(LOG_ERR, "%s: %s", o.model, err);
 		config_free(&o);
 		return 1;
 	}
