@@ -6,7 +6,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include "daemon/sampler.h"
-#include "daemon/server.h"
+#include "daemon/server_config.h"
 
 #define CONFIG_DEFAULT_PATH "/etc/kvd/kvd.conf"
 #define CONFIG_DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
