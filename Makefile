@@ -15,7 +15,7 @@ MODEL    := $(MODEL_DIR)/SmolLM2-135M-Instruct.Q4_1.gguf
 CFLAGS   ?= -O2 -g
 CFLAGS   += -std=gnu11 -Wall -Wextra -fPIC -pthread -D_GNU_SOURCE -ffp-contract=off
 CPPFLAGS += -I. -MMD -MP
-LDLIBS   += -lm -pthread -lxxhash -luring
+LDLIBS   += -lm -pthread -lxxhash -luring -lsystemd
 ifeq ($(WERROR),1)
 CFLAGS   += -Werror
 endif
@@ -42,6 +42,8 @@ include daemon/daemon.mk
 include shm/shm.mk
 include tools/tools.mk
 include tests/tests.mk
+include systemd/systemd.mk
+include tools/man/man.mk
 
 $(B)/%.o: %.c
 	@mkdir -p $(dir $@)

@@ -1,46 +1,26 @@
 /* main.c — kvd's entry point: the daemon, the in-process run (--prompt) and model inspection (--info). */
 #include <errno.h>
-#include <getopt.h>
 #include <pthread.h>
 #include <signal.h>
-#include <grp.h>
 #include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include "daemon/config.h"
 #include "daemon/engine.h"
 #include "daemon/gguf.h"
 #include "daemon/kvpool.h"
 #include "daemon/log.h"
 #include "daemon/server.h"
+#include "daemon/service.h"
 #include "daemon/model.h"
 #include "daemon/sampler.h"
 #include "daemon/tokenizer.h"
 #include "kernels/backend.h"
 
-#define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 #define PREFILL_ROWS 512
-
-struct options {
-	const char *model;
-	const char *prompt;
-	const char *system;
-	int n_predict;
-	int chat;
-	int info;
-	uint32_t threads;
-	uint32_t ctx;
-	uint64_t kv_mem;
-	uint32_t kv_blocks;
-	uint32_t kv_block_tokens;
-	uint32_t kv_type;
-	int prefix_global;
-	struct sampler_params sp;
-	struct server_config srv;
-	const char *socket_group;
-};
 
 static void usage(FILE *f)
 {
@@ -48,10 +28,17 @@ static void usage(FILE *f)
 		"usage: kvd [--model PATH] [daemon options]      serve clients on a socket\n"
 		"       kvd [--model PATH] --prompt TEXT [options]  generate in-process and exit\n"
 		"       kvd [--model PATH] --info\n"
+		"       kvd [options] --print-config                 show the effective configuration\n"
+		"\n"
+		"Every daemon option can also be set in the configuration file as\n"
+		"`name = value` (see kvd.conf(5)); the command line wins over the file.\n"
+		"      --config PATH       configuration file (default $KVD_CONFIG or " CONFIG_DEFAULT_PATH ")\n"
+		"      --print-config      print each option's value and where it came from, and exit\n"
 		"\n"
 		"daemon:\n"
-		"      --socket PATH       endpoint (default /run/kvd/kvd.sock as root, else\n"
-		"                          $XDG_RUNTIME_DIR/kvd.sock)\n"
+		"      --socket PATH       endpoint (default $RUNTIME_DIRECTORY/kvd.sock under systemd,\n"
+		"                          /run/kvd/kvd.sock as root, else $XDG_RUNTIME_DIR/kvd.sock);\n"
+		"                          a socket passed by systemd (kvd.socket) takes precedence\n"
 		"      --socket-group NAME group that may connect (the socket is mode 0660)\n"
 		"      --max-sessions N    sessions per connection (default 16)\n"
 		"      --max-slots N       sequence slots per session (default 8)\n"
@@ -63,13 +50,18 @@ static void usage(FILE *f)
 		"      --max-batch-tokens N rows per engine step (default 32: every decoder\n"
 		"                          waits for a step's prefill rows, ~2 ms each on a\n"
 		"                          2-core CPU, so short steps keep token gaps even)\n"
-		"      --kv-quota BLOCKS   KV blocks one uid may hold (default: no quota)\n"
+		"      --kv-quota BLOCKS   KV blocks one uid may hold (default 0: no quota)\n"
 		"      --no-prefix-cache   never reuse cached prompt prefixes\n"
 		"      --drain-timeout MS  on SIGTERM, finish in-flight work for at most MS (default 5000)\n"
 		"      --log-level L       err, warning, notice (default), info, debug\n"
+		"      --bpf MODE          auto (load the BPF programs when CAP_BPF is held), on, off\n"
+		"      --backend B         auto (CUDA when a device is present), cpu, cuda\n"
+		"  SIGHUP re-reads the file: log-level, the max-* limits, kv-quota, drain-timeout\n"
+		"  and no-prefix-cache change live; the rest is logged as needing a restart.\n"
 		"\n"
 		"generation and model:\n"
-		"  -m, --model PATH        GGUF model (default $KVD_MODEL or " DEFAULT_MODEL ")\n"
+		"  -m, --model PATH        GGUF model (default $KVD_MODEL or " CONFIG_DEFAULT_MODEL ",\n"
+		"                          under $STATE_DIRECTORY when systemd sets it)\n"
 		"  -p, --prompt TEXT       generate a continuation of TEXT and exit\n"
 		"  -n, --n-predict N       tokens to generate (default 128)\n"
 		"      --chat              wrap the prompt in the model's chat template\n"
@@ -80,8 +72,8 @@ static void usage(FILE *f)
 		"      --min-p P           drop tokens below P x the top probability (0: off)\n"
 		"      --repeat-penalty R  penalise the last 64 tokens (1: off)\n"
 		"      --seed S            sampler seed (default 0)\n"
-		"  -t, --threads N         compute threads (default: all cores)\n"
-		"      --ctx N             context length (default: the model's)\n"
+		"  -t, --threads N         compute threads (default 0: all cores)\n"
+		"      --ctx N             context length (default 0: the model's)\n"
 		"      --kv-mem BYTES      KV-cache pool size (suffix K, M, G; default: 64k tokens)\n"
 		"      --kv-blocks N       KV-cache pool size in blocks (instead of --kv-mem)\n"
 		"      --kv-block-tokens N tokens per KV block, a power of two (default 16)\n"
@@ -89,177 +81,6 @@ static void usage(FILE *f)
 		"      --prefix-global     share cached prompt prefixes across users (default: per uid)\n"
 		"      --info              print the model's metadata and exit\n"
 		"  -h, --help\n");
-}
-
-static int parse_num(const char *s, double lo, double hi, double *out)
-{
-	char *end;
-	errno = 0;
-	double v = strtod(s, &end);
-	if (errno || end == s || *end || v < lo || v > hi)
-		return -EINVAL;
-	*out = v;
-	return 0;
-}
-
-/* BYTES with an optional K, M or G (binary) suffix. */
-static int parse_size(const char *s, uint64_t *out)
-{
-	char *end;
-	errno = 0;
-	unsigned long long v = strtoull(s, &end, 10);
-	uint64_t mul = 1;
-	if (*end == 'K' || *end == 'k')
-		mul = 1ull << 10;
-	else if (*end == 'M' || *end == 'm')
-		mul = 1ull << 20;
-	else if (*end == 'G' || *end == 'g')
-		mul = 1ull << 30;
-	if (mul != 1)
-		end++;
-	if (errno || end == s || *end || v == 0 || v > UINT64_MAX / mul)
-		return -EINVAL;
-	*out = v * mul;
-	return 0;
-}
-
-static int parse_args(int argc, char **argv, struct options *o)
-{
-	enum { O_CHAT = 256, O_SYSTEM, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_REP, O_SEED, O_CTX, O_INFO,
-	       O_KVMEM, O_KVBLOCKS, O_KVBT, O_KVTYPE, O_PGLOBAL, O_SOCKET, O_SGROUP, O_MAXSESS,
-	       O_MAXSLOTS, O_MAXTOK, O_MAXINF, O_MAXBATCH, O_DRAIN, O_LOGLEVEL, O_UIDSESS,
-	       O_UIDINF, O_UIDARENA, O_NOPREFIX, O_KVQUOTA };
-	static const struct option longopts[] = {
-		{ "model", required_argument, NULL, 'm' },
-		{ "prompt", required_argument, NULL, 'p' },
-		{ "n-predict", required_argument, NULL, 'n' },
-		{ "threads", required_argument, NULL, 't' },
-		{ "chat", no_argument, NULL, O_CHAT },
-		{ "system", required_argument, NULL, O_SYSTEM },
-		{ "temp", required_argument, NULL, O_TEMP },
-		{ "top-k", required_argument, NULL, O_TOPK },
-		{ "top-p", required_argument, NULL, O_TOPP },
-		{ "min-p", required_argument, NULL, O_MINP },
-		{ "repeat-penalty", required_argument, NULL, O_REP },
-		{ "seed", required_argument, NULL, O_SEED },
-		{ "ctx", required_argument, NULL, O_CTX },
-		{ "info", no_argument, NULL, O_INFO },
-		{ "kv-mem", required_argument, NULL, O_KVMEM },
-		{ "kv-blocks", required_argument, NULL, O_KVBLOCKS },
-		{ "kv-block-tokens", required_argument, NULL, O_KVBT },
-		{ "kv-type", required_argument, NULL, O_KVTYPE },
-		{ "prefix-global", no_argument, NULL, O_PGLOBAL },
-		{ "socket", required_argument, NULL, O_SOCKET },
-		{ "socket-group", required_argument, NULL, O_SGROUP },
-		{ "max-sessions", required_argument, NULL, O_MAXSESS },
-		{ "max-slots", required_argument, NULL, O_MAXSLOTS },
-		{ "max-tokens", required_argument, NULL, O_MAXTOK },
-		{ "max-inflight", required_argument, NULL, O_MAXINF },
-		{ "max-batch-tokens", required_argument, NULL, O_MAXBATCH },
-		{ "drain-timeout", required_argument, NULL, O_DRAIN },
-		{ "log-level", required_argument, NULL, O_LOGLEVEL },
-		{ "max-uid-sessions", required_argument, NULL, O_UIDSESS },
-		{ "max-uid-inflight", required_argument, NULL, O_UIDINF },
-		{ "max-uid-arena", required_argument, NULL, O_UIDARENA },
-		{ "no-prefix-cache", no_argument, NULL, O_NOPREFIX },
-		{ "kv-quota", required_argument, NULL, O_KVQUOTA },
-		{ "help", no_argument, NULL, 'h' },
-		{ 0 },
-	};
-	const char *env = getenv("KVD_MODEL");
-	o->model = env && *env ? env : DEFAULT_MODEL;
-	o->n_predict = 128;
-	o->kv_block_tokens = 16;
-	o->kv_type = KB_F16;
-	o->srv = (struct server_config){
-		.socket_gid = (gid_t)-1, .max_sessions = 16, .max_slots = 8, .max_tokens = 8192,
-		.max_inflight = 256, .max_uid_sessions = 64, .max_uid_inflight = 1024,
-		.max_uid_arena = 1ull << 30, .sq_entries = 64, .cq_entries = 256, .arena_bytes = 1 << 20,
-		.max_arena_bytes = 64 << 20, .max_batch_rows = 32, .drain_timeout_ms = 5000,
-	};
-	sampler_params_default(&o->sp);
-	int c, li = -1;
-	double v;
-	while ((c = getopt_long(argc, argv, "m:p:n:t:h", longopts, &li)) != -1) {
-		int rc = 0;
-		switch (c) {
-		case 'm': o->model = optarg; break;
-		case 'p': o->prompt = optarg; break;
-		case 'n': rc = parse_num(optarg, 0, 1 << 20, &v); o->n_predict = (int)v; break;
-		case 't': rc = parse_num(optarg, 1, 1024, &v); o->threads = (uint32_t)v; break;
-		case O_CHAT: o->chat = 1; break;
-		case O_SYSTEM: o->system = optarg; break;
-		case O_TEMP: rc = parse_num(optarg, 0, 100, &v); o->sp.temperature = (float)v; break;
-		case O_TOPK: rc = parse_num(optarg, 0, 1 << 24, &v); o->sp.top_k = (uint32_t)v; break;
-		case O_TOPP: rc = parse_num(optarg, 0, 1, &v); o->sp.top_p = (float)v; break;
-		case O_MINP: rc = parse_num(optarg, 0, 1, &v); o->sp.min_p = (float)v; break;
-		case O_REP: rc = parse_num(optarg, 0, 100, &v); o->sp.repeat_penalty = (float)v; break;
-		case O_SEED: rc = parse_num(optarg, 0, 18446744073709551615.0, &v); o->sp.seed = (uint64_t)v; break;
-		case O_CTX: rc = parse_num(optarg, 1, 1 << 24, &v); o->ctx = (uint32_t)v; break;
-		case O_INFO: o->info = 1; break;
-		case O_PGLOBAL: o->prefix_global = 1; break;
-		case O_SOCKET: o->srv.socket_path = optarg; break;
-		case O_SGROUP: o->socket_group = optarg; break;
-		case O_MAXSESS: rc = parse_num(optarg, 1, SRV_MAX_SESSIONS, &v); o->srv.max_sessions = (uint32_t)v; break;
-		case O_MAXSLOTS: rc = parse_num(optarg, 1, SRV_MAX_SLOTS, &v); o->srv.max_slots = (uint32_t)v; break;
-		case O_MAXTOK: rc = parse_num(optarg, 1, 1 << 24, &v); o->srv.max_tokens = (uint32_t)v; break;
-		case O_MAXINF: rc = parse_num(optarg, 1, 1 << 20, &v); o->srv.max_inflight = (uint32_t)v; break;
-		case O_MAXBATCH: rc = parse_num(optarg, 1, 1 << 16, &v); o->srv.max_batch_rows = (uint32_t)v; break;
-		case O_DRAIN: rc = parse_num(optarg, 0, 3600000, &v); o->srv.drain_timeout_ms = (uint32_t)v; break;
-		case O_UIDSESS: rc = parse_num(optarg, 1, 1 << 20, &v); o->srv.max_uid_sessions = (uint32_t)v; break;
-		case O_UIDINF: rc = parse_num(optarg, 1, 1 << 24, &v); o->srv.max_uid_inflight = (uint32_t)v; break;
-		case O_UIDARENA: rc = parse_size(optarg, &o->srv.max_uid_arena); break;
-		case O_NOPREFIX: o->srv.no_prefix_cache = 1; break;
-		case O_KVQUOTA: rc = parse_num(optarg, 1, 1u << 30, &v); o->srv.kv_quota = (uint32_t)v; break;
-		case O_LOGLEVEL:
-			rc = log_level_parse(optarg) < 0 ? -EINVAL : 0;
-			if (!rc)
-				log_set_level(log_level_parse(optarg));
-			break;
-		case O_KVMEM: rc = parse_size(optarg, &o->kv_mem); break;
-		case O_KVBLOCKS: rc = parse_num(optarg, 1, 1u << 30, &v); o->kv_blocks = (uint32_t)v; break;
-		case O_KVBT:
-			rc = parse_num(optarg, 1, 1024, &v);
-			o->kv_block_tokens = (uint32_t)v;
-			if (!rc && (o->kv_block_tokens & (o->kv_block_tokens - 1)))
-				rc = -EINVAL;
-			break;
-		case O_KVTYPE:
-			if (!strcmp(optarg, "f16"))
-				o->kv_type = KB_F16;
-			else if (!strcmp(optarg, "f32"))
-				o->kv_type = KB_F32;
-			else if (!strcmp(optarg, "q8_0"))
-				o->kv_type = KB_Q8_0;
-			else
-				rc = -EINVAL;
-			break;
-		case 'h': usage(stdout); exit(0);
-		default: return -EINVAL;
-		}
-		if (rc) {
-			if (li >= 0)
-				fprintf(stderr, "kvd: bad value '%s' for --%s\n", optarg, longopts[li].name);
-			else
-				fprintf(stderr, "kvd: bad value '%s' for -%c\n", optarg, c);
-			return rc;
-		}
-		li = -1;
-	}
-	if (optind < argc) {
-		fprintf(stderr, "kvd: unexpected argument '%s'\n", argv[optind]);
-		return -EINVAL;
-	}
-	if (o->socket_group) {
-		struct group *g = getgrnam(o->socket_group);
-		if (!g) {
-			fprintf(stderr, "kvd: unknown group '%s'\n", o->socket_group);
-			return -EINVAL;
-		}
-		o->srv.socket_gid = g->gr_gid;
-	}
-	o->srv.prefix_global = o->prefix_global;
-	return 0;
 }
 
 static double now_s(void)
@@ -307,7 +128,7 @@ static void emit(const struct tokenizer *tok, struct tok_decoder *dec, uint32_t 
 	fflush(stdout);
 }
 
-static int generate(const struct options *o, struct model *m, struct backend *be,
+static int generate(const struct kvd_options *o, struct model *m, struct backend *be,
 		    struct kvpool *pool)
 {
 	char err[256];
@@ -375,7 +196,7 @@ static int generate(const struct options *o, struct model *m, struct backend *be
 		goto out;
 	}
 	/* The prefix-cache namespace: the user, so one user cannot time another's prompts. */
-	engine_seq_init(eng, &seq, o->prefix_global ? 0 : (uint32_t)getuid());
+	engine_seq_init(eng, &seq, o->srv.prefix_global ? 0 : (uint32_t)getuid());
 	have_seq = 1;
 
 	/* Prefill: the whole prompt, PREFILL_ROWS positions per pass; logits of the last only. */
@@ -435,22 +256,13 @@ out:
 	return rc;
 }
 
-/* The default endpoint: /run/kvd/kvd.sock for root, the user's runtime dir otherwise. */
-static const char *default_socket(char *buf, size_t len)
+/* SIGHUP, on the loop thread: the file and command line again; the live values into *live. */
+static void reload_config(void *arg, struct server_config *live)
 {
-	if (geteuid() == 0) {
-		mkdir("/run/kvd", 0755);
-		return "/run/kvd/kvd.sock";
-	}
-	const char *xdg = getenv("XDG_RUNTIME_DIR");
-	if (xdg && *xdg)
-		snprintf(buf, len, "%s/kvd.sock", xdg);
-	else
-		snprintf(buf, len, "/run/user/%u/kvd.sock", (unsigned)getuid());
-	return buf;
+	config_reload(arg, live);
 }
 
-static int serve(struct options *o, struct model *m, struct backend *be, struct kvpool *pool)
+static int serve(struct kvd_options *o, struct model *m, struct backend *be, struct kvpool *pool)
 {
 	char err[256], path[256];
 	struct tokenizer *tok;
@@ -460,8 +272,13 @@ static int serve(struct options *o, struct model *m, struct backend *be, struct 
 		log_msg(LOG_ERR, "tokenizer: %s", err);
 		return rc;
 	}
-	if (!o->srv.socket_path)
-		o->srv.socket_path = default_socket(path, sizeof(path));
+	if (!o->srv.socket_path) {
+		o->srv.socket_path = config_default_socket(path, sizeof(path));
+		if (!strcmp(o->srv.socket_path, "/run/kvd/kvd.sock"))
+			mkdir("/run/kvd", 0755);
+	}
+	o->srv.reload = reload_config;
+	o->srv.reload_arg = o;
 	rc = server_create(&srv, &o->srv, m, tok, be, pool);
 	if (!rc) {
 		log_msg(LOG_NOTICE, "model %s, %s backend (%u threads, %s kernels)", m->hp.name,
@@ -474,7 +291,7 @@ static int serve(struct options *o, struct model *m, struct backend *be, struct 
 }
 
 /* The KV pool, reserved once: --kv-blocks, else --kv-mem, else 64k tokens. */
-static int make_pool(const struct options *o, const struct model *m, struct kvpool **out)
+static int make_pool(const struct kvd_options *o, const struct model *m, struct kvpool **out)
 {
 	struct kvpool_config pc = {
 		.block_tokens = o->kv_block_tokens, .n_layers = m->hp.n_layers,
@@ -489,16 +306,16 @@ static int make_pool(const struct options *o, const struct model *m, struct kvpo
 	else
 		pc.n_blocks = (65536 + pc.block_tokens - 1) / pc.block_tokens;
 	if (pc.n_blocks == 0) {
-		fprintf(stderr, "kvd: --kv-mem is smaller than one block (%zu bytes)\n", blk);
+		log_msg(LOG_ERR, "kv-mem is smaller than one block (%zu bytes)", blk);
 		return -EINVAL;
 	}
 	int rc = kvpool_create(out, &pc);
 	if (rc) {
-		fprintf(stderr, "kvd: cannot reserve the KV pool (%u blocks of %zu bytes): %s\n",
+		log_msg(LOG_ERR, "cannot reserve the KV pool (%u blocks of %zu bytes): %s",
 			pc.n_blocks, blk, strerror(-rc));
 		return rc;
 	}
-	fprintf(stderr, "kvd: KV cache %s: %zu bytes per token (2 x %u layers x %u kv_dim x %s), pool %u blocks x %u tokens = %llu tokens, %.1f MiB\n",
+	log_msg(LOG_NOTICE, "KV cache %s: %zu bytes per token (2 x %u layers x %u kv_dim x %s), pool %u blocks x %u tokens = %llu tokens, %.1f MiB\n",
 		o->kv_type == KB_F32 ? "f32" : o->kv_type == KB_Q8_0 ? "q8_0" : "f16", tok,
 		pc.n_layers, pc.kv_dim, o->kv_type == KB_F32 ? "4 B" : o->kv_type == KB_Q8_0 ? "34/32 B" : "2 B",
 		pc.n_blocks, pc.block_tokens, (unsigned long long)pc.n_blocks * pc.block_tokens,
@@ -506,43 +323,78 @@ static int make_pool(const struct options *o, const struct model *m, struct kvpo
 	return 0;
 }
 
+/* The compute backend: --backend auto and cpu get the CPU one until a CUDA backend exists. */
+static int open_backend(const struct kvd_options *o, struct backend **be)
+{
+	if (o->backend == CONFIG_BACKEND_CUDA) {
+		log_msg(LOG_ERR, "backend = cuda: this kvd has no CUDA backend");
+		return -ENODEV;
+	}
+	int rc = backend_cpu_create(be, o->threads);
+	if (rc)
+		log_msg(LOG_ERR, "cpu backend: %s", strerror(-rc));
+	return rc;
+}
+
 int main(int argc, char **argv)
 {
-	struct options o = {0};
-	if (parse_args(argc, argv, &o)) {
-		usage(stderr);
-		return 2;
+	struct kvd_options o;
+	char err[512];
+	int rc = config_load(&o, argc, argv, err, sizeof(err));
+	if (rc || o.help) {
+		if (rc)
+			log_msg(LOG_ERR, "%s (`kvd --help` lists the options)", err);
+		else
+			usage(stdout);
+		config_free(&o);
+		return rc ? 2 : 0;
 	}
-	char err[256];
+	if (o.print_config) {
+		config_print(&o, stdout);
+		config_free(&o);
+		return 0;
+	}
+	log_set_level(o.log_level);
+	int daemon = !o.prompt && !o.info;
+	if (daemon) {
+		/*
+		 * The daemon takes SIGTERM/SIGINT/SIGHUP through a signalfd: block
+		 * them before any thread exists, so none of them gets one.
+		 */
+		sigset_t set;
+		sigemptyset(&set);
+		sigaddset(&set, SIGTERM);
+		sigaddset(&set, SIGINT);
+		sigaddset(&set, SIGHUP);
+		pthread_sigmask(SIG_BLOCK, &set, NULL);
+		service_notify("STATUS=loading model %s", o.model);
+	}
 	struct model *m;
-	int rc = model_load(&m, o.model, err, sizeof(err));
+	rc = model_load(&m, o.model, err, sizeof(err));
 	if (rc) {
-		fprintf(stderr, "kvd: %s: %s\n", o.model, err);
+		log_msg(LOG_ERR, "%s: %s", o.model, err);
+		config_free(&o);
 		return 1;
 	}
 	if (o.info) {
 		print_info(m);
 		model_free(m);
+		config_free(&o);
 		return 0;
 	}
-	if (!o.prompt) {
-		/* The daemon takes SIGTERM/SIGINT through a signalfd: block them before any thread exists. */
-		sigset_t set;
-		sigemptyset(&set);
-		sigaddset(&set, SIGTERM);
-		sigaddset(&set, SIGINT);
-		pthread_sigmask(SIG_BLOCK, &set, NULL);
-	}
 	struct backend *be;
-	if ((rc = backend_cpu_create(&be, o.threads))) {
-		fprintf(stderr, "kvd: cpu backend: %s\n", strerror(-rc));
+	if ((rc = open_backend(&o, &be))) {
 		model_free(m);
+		config_free(&o);
 		return 1;
 	}
 	struct kvpool *pool;
+	if (daemon)
+		service_notify("STATUS=reserving the KV pool");
 	if ((rc = make_pool(&o, m, &pool))) {
 		be->ops->destroy(be);
 		model_free(m);
+		config_free(&o);
 		return 1;
 	}
 	if (o.prompt)
@@ -552,5 +404,6 @@ int main(int argc, char **argv)
 	kvpool_destroy(pool);
 	be->ops->destroy(be);
 	model_free(m);
+	config_free(&o);
 	return rc ? 1 : 0;
 }

@@ -9,13 +9,13 @@
 #include <sys/mman.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 #include "daemon/log.h"
 #include "daemon/model.h"
 #include "daemon/server.h"
+#include "daemon/service.h"
 #include "daemon/tokenizer.h"
 #include "kernels/backend.h"
 #include "shm/kvring.h"
@@ -618,10 +618,14 @@ static void on_signal(struct loop *l, struct loop_op *op, int res, int more)
 {
 	(void)more;
 	struct server *srv = op->data;
-	if (res == (int)sizeof(struct signalfd_siginfo)) {
-		const struct signalfd_siginfo *si = (const void *)srv->sigbuf;
+	const struct signalfd_siginfo *si = (const void *)srv->sigbuf;
+	if (res == (int)sizeof(struct signalfd_siginfo) && si->ssi_signo == SIGHUP) {
+		service_reload(srv);
+	} else if (res == (int)sizeof(struct signalfd_siginfo)) {
 		log_msg(LOG_NOTICE, "%s: draining (at most %u ms)",
 			si->ssi_signo == SIGINT ? "SIGINT" : "SIGTERM", srv->cfg.drain_timeout_ms);
+		service_notify("STOPPING=1\nSTATUS=draining: finishing requests in flight (at most %u ms)",
+			       srv->cfg.drain_timeout_ms);
 		pthread_mutex_lock(&srv->lock);
 		srv->stopping = 1;
 		srv->drain_deadline_ns = now_ns() + (uint64_t)srv->cfg.drain_timeout_ms * 1000000ull;
@@ -632,7 +636,9 @@ static void on_signal(struct loop *l, struct loop_op *op, int res, int more)
 			loop_cancel(l, &srv->accept_op);
 			close(srv->listen_fd);
 			srv->listen_fd = -1;
-			unlink(srv->cfg.socket_path);
+			/* An activated socket is systemd's: it stays for the next start. */
+			if (!srv->activated)
+				unlink(srv->cfg.socket_path);
 		}
 		return;
 	}
@@ -640,46 +646,6 @@ static void on_signal(struct loop *l, struct loop_op *op, int res, int more)
 }
 
 /* ---- setup ---- */
-
-static int listen_socket(const struct server_config *cfg)
-{
-	struct sockaddr_un a = { .sun_family = AF_UNIX };
-	if (strlen(cfg->socket_path) >= sizeof(a.sun_path))
-		return -ENAMETOOLONG;
-	strcpy(a.sun_path, cfg->socket_path);
-	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return -errno;
-	/* A stale socket from an earlier run: replace it only if nobody answers on it. */
-	struct stat st;
-	if (!lstat(a.sun_path, &st) && S_ISSOCK(st.st_mode)) {
-		int probe = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-		int live = probe >= 0 && !connect(probe, (struct sockaddr *)&a, sizeof(a));
-		if (probe >= 0)
-			close(probe);
-		if (live) {
-			close(fd);
-			return -EADDRINUSE;
-		}
-		unlink(a.sun_path);
-	}
-	mode_t old = umask(0117);
-	int rc = bind(fd, (struct sockaddr *)&a, sizeof(a));
-	umask(old);
-	/* It plays the part of a device node: owner and group may talk to kvd. */
-	if (!rc)
-		rc = chmod(a.sun_path, 0660);
-	if (!rc && cfg->socket_gid != (gid_t)-1)
-		rc = chown(a.sun_path, (uid_t)-1, cfg->socket_gid);
-	if (!rc)
-		rc = listen(fd, 128);
-	if (rc) {
-		rc = -errno;
-		close(fd);
-		return rc;
-	}
-	return fd;
-}
 
 int server_create(struct server **out, const struct server_config *cfg, struct model *m,
 		  struct tokenizer *tok, struct backend *be, struct kvpool *pool)
@@ -715,6 +681,7 @@ int server_create(struct server **out, const struct server_config *cfg, struct m
 	sigemptyset(&set);
 	sigaddset(&set, SIGTERM);
 	sigaddset(&set, SIGINT);
+	sigaddset(&set, SIGHUP);
 	pthread_sigmask(SIG_BLOCK, &set, NULL);
 	srv->signal_fd = signalfd(-1, &set, SFD_CLOEXEC);
 	srv->reap_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -722,9 +689,10 @@ int server_create(struct server **out, const struct server_config *cfg, struct m
 		rc = -errno;
 		goto err;
 	}
-	rc = listen_socket(cfg);
+	rc = service_listen(cfg, &srv->activated, srv->socket_name, sizeof(srv->socket_name));
 	if (rc < 0) {
-		log_msg(LOG_ERR, "%s: %s", cfg->socket_path, strerror(-rc));
+		log_msg(LOG_ERR, "%s: %s", srv->socket_name[0] ? srv->socket_name : cfg->socket_path,
+			strerror(-rc));
 		goto err;
 	}
 	srv->listen_fd = rc;
@@ -751,7 +719,12 @@ int server_run(struct server *srv)
 		return rc;
 	if ((rc = pthread_create(&srv->engine_thread, NULL, sched_thread, srv)))
 		return -rc;
-	log_msg(LOG_NOTICE, "listening on %s", srv->cfg.socket_path);
+	log_msg(LOG_NOTICE, "listening on %s%s", srv->socket_name,
+		srv->activated ? " (socket from systemd)" : "");
+	service_watchdog_start(srv);
+	/* The model is loaded, the pool reserved, the socket listening: ready. */
+	service_notify("READY=1");
+	service_status(srv);
 	for (;;) {
 		rc = loop_run_once(srv->loop, 1);
 		if (rc < 0) {
@@ -781,7 +754,8 @@ void server_destroy(struct server *srv)
 	}
 	if (srv->listen_fd >= 0) {
 		close(srv->listen_fd);
-		unlink(srv->cfg.socket_path);
+		if (!srv->activated)
+			unlink(srv->cfg.socket_path);
 	}
 	if (srv->signal_fd >= 0)
 		close(srv->signal_fd);

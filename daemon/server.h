@@ -9,36 +9,15 @@
 #include "daemon/engine.h"
 #include "daemon/kvpool.h"
 #include "daemon/loop.h"
+#include "daemon/server_config.h"
 
 struct model;
 struct tokenizer;
 struct backend;
 struct sampler;
 
-#define SRV_MAX_SESSIONS 64	/* per connection, hard cap */
-#define SRV_MAX_SLOTS 64	/* per session, hard cap */
 #define SRV_RXBUF 1024		/* a control message is smaller */
 
-struct server_config {
-	const char *socket_path;
-	gid_t socket_gid;	/* (gid_t)-1: leave the group */
-	uint32_t max_sessions;	/* per connection */
-	uint32_t max_slots;	/* per session */
-	uint32_t max_tokens;	/* per request, prompt plus generated */
-	uint32_t max_inflight;	/* requests in flight per connection */
-	uint32_t max_uid_sessions;	/* sessions of one uid, all connections together */
-	uint32_t max_uid_inflight;	/* requests in flight of one uid */
-	uint64_t max_uid_arena;		/* shared-region bytes of one uid */
-	uint32_t sq_entries;	/* defaults granted to SESSION_OPEN */
-	uint32_t cq_entries;
-	uint32_t arena_bytes;
-	uint32_t max_arena_bytes; /* per connection */
-	uint32_t max_batch_rows; /* rows in one engine step */
-	uint32_t drain_timeout_ms;
-	int prefix_global;	/* one prefix-cache namespace for everyone */
-	int no_prefix_cache;	/* never reuse cached blocks (for comparisons) */
-	uint32_t kv_quota;	/* KV blocks one uid may hold; 0: no quota */
-};
 
 enum req_phase { REQ_QUEUED, REQ_PREFILL, REQ_DECODE };
 
@@ -158,6 +137,10 @@ struct server {
 	struct loop_op accept_op;
 	struct loop_op signal_op;
 	struct loop_op reap_op;
+	struct loop_op watchdog_op;	/* pings systemd's watchdog from the loop */
+	unsigned watchdog_ms;		/* its period; 0: no watchdog */
+	int activated;			/* the socket came from systemd: not ours to unlink */
+	char socket_name[108];		/* the path it listens on, for messages */
 	uint8_t sigbuf[128];
 	uint64_t reap_val;
 	int vocab_fd;

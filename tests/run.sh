@@ -3,6 +3,9 @@
 # Tests run from the repository root; KVD_MODEL names the model they load.
 : "${KVD_MODEL:=models/SmolLM2-135M-Instruct.Q4_1.gguf}"
 export KVD_MODEL
+# A configuration file installed on this machine must not change what the tests run.
+: "${KVD_CONFIG:=/dev/null}"
+export KVD_CONFIG
 passed=0
 failed=0
 failed_names=""

@@ -8,8 +8,11 @@ BENCH_BINS := $(BENCH_SRCS:tests/%.c=$(B)/tests/%)
 $(B)/tests/%: $(B)/tests/%.o $(CORE_LIB) $(B)/libkvclient.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) -lcmocka
 
+# Shell tests run after the programs: test_install.sh installs into a scratch DESTDIR.
+TEST_SCRIPTS := $(wildcard tests/test_*.sh)
+
 test: all $(TEST_BINS)
-	@sh tests/run.sh $(TEST_BINS)
+	@sh tests/run.sh $(TEST_BINS) $(TEST_SCRIPTS)
 
 bench: all $(BENCH_BINS)
 	@sh tests/bench.sh $(BENCH_BINS)

@@ -10,7 +10,9 @@ all: $(TOOL_BINS)
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib \
 		$(DESTDIR)$(PREFIX)/include/kvd/uapi
-	install -m 0755 $(B)/kvd $(filter-out $(B)/kvc_example,$(TOOL_BINS)) $(DESTDIR)$(PREFIX)/bin/
+	@# kvtop comes from the BPF tools when they are built.
+	install -m 0755 $(sort $(B)/kvd $(filter-out $(B)/kvc_example,$(TOOL_BINS)) $(wildcard $(B)/kvtop)) \
+		$(DESTDIR)$(PREFIX)/bin/
 	install -m 0755 $(B)/libkvclient.so.$(KVC_SOVER) $(DESTDIR)$(PREFIX)/lib/
 	ln -sf libkvclient.so.$(KVC_SOVER) $(DESTDIR)$(PREFIX)/lib/libkvclient.so
 	install -m 0644 $(B)/libkvclient.a $(DESTDIR)$(PREFIX)/lib/

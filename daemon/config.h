@@ -1,0 +1,92 @@
+/* config.h — kvd's options: one table read from /etc/kvd/kvd.conf and the command line. */
+#ifndef KVD_CONFIG_H
+#define KVD_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include "daemon/sampler.h"
+#include "daemon/server_config.h"
+
+#define CONFIG_DEFAULT_PATH "/etc/kvd/kvd.conf"
+#define CONFIG_DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+#define CONFIG_MAX_OPTS 64	/* entries of the option table, with room to grow */
+
+enum config_bpf { CONFIG_BPF_AUTO, CONFIG_BPF_ON, CONFIG_BPF_OFF };
+enum config_backend { CONFIG_BACKEND_AUTO, CONFIG_BACKEND_CPU, CONFIG_BACKEND_CUDA };
+
+/* Where an option's value came from, for --print-config and reload messages. */
+enum config_src { CONFIG_SRC_DEFAULT, CONFIG_SRC_FILE, CONFIG_SRC_ENV, CONFIG_SRC_CMDLINE };
+
+struct config_origin {
+	uint8_t src;		/* enum config_src */
+	uint32_t line;		/* in the file, for CONFIG_SRC_FILE */
+};
+
+struct kvd_options {
+	/* modes and in-process generation: command line only */
+	const char *config_path;	/* NULL: $KVD_CONFIG, else CONFIG_DEFAULT_PATH */
+	int print_config;
+	int help;
+	int info;
+	const char *prompt;
+	const char *system;
+	int chat;
+	int n_predict;
+	struct sampler_params sp;
+	/* the daemon: file and command line */
+	const char *model;
+	uint32_t threads;		/* 0: every core */
+	uint32_t ctx;			/* 0: the model's */
+	uint64_t kv_mem;		/* 0: see kv_blocks */
+	uint32_t kv_blocks;		/* 0: room for 64k tokens */
+	uint32_t kv_block_tokens;
+	int kv_type;			/* KB_F16, KB_F32, KB_Q8_0 */
+	int log_level;			/* LOG_ERR .. LOG_DEBUG */
+	int bpf;			/* enum config_bpf */
+	int backend;			/* enum config_backend */
+	const char *socket_group;	/* NULL: the daemon's own group */
+	struct server_config srv;	/* socket, limits, prefix sharing; socket_gid from socket_group */
+
+	/* bookkeeping */
+	const char *file_used;		/* the file that was read, NULL if none */
+	struct config_origin origin[CONFIG_MAX_OPTS];	/* by table index */
+	char *owned[CONFIG_MAX_OPTS];	/* strings copied out of the file */
+	char *file_name;		/* copy of file_used */
+	int argc;			/* kept for config_reload */
+	char **argv;
+};
+
+/*
+ * Defaults, then the file (--config PATH, else $KVD_CONFIG, else
+ * /etc/kvd/kvd.conf, which may be missing), then $KVD_MODEL, then the
+ * command line, each overriding the one before. Returns 0, or -EINVAL/-errno with a one-line message in err
+ * that names the file and line or the option at fault. config_free() after,
+ * either way.
+ */
+int config_load(struct kvd_options *o, int argc, char **argv, char *err, size_t errlen);
+void config_free(struct kvd_options *o);
+
+/* The parts of config_load, for tests and the fuzzer. */
+void config_defaults(struct kvd_options *o);
+/* name: the file name used in messages. Returns 0 or -EINVAL with err set. */
+int config_parse_text(struct kvd_options *o, const char *name, const char *text, size_t len,
+		      char *err, size_t errlen);
+
+/* --print-config: every daemon option as `key = value  # source`. */
+void config_print(const struct kvd_options *o, FILE *f);
+
+/*
+ * SIGHUP: load the file and command line again into a fresh set, copy the
+ * values that can change live into o and live (the server's limits), and
+ * log each change and each value that needs a restart. Returns the number of
+ * values applied, or -errno when the new configuration is invalid (then
+ * nothing changes).
+ */
+int config_reload(struct kvd_options *o, struct server_config *live);
+
+/* The default socket: $RUNTIME_DIRECTORY/kvd.sock under systemd, /run/kvd/kvd.sock as
+ * root, else $XDG_RUNTIME_DIR/kvd.sock. Written into buf. */
+const char *config_default_socket(char *buf, size_t len);
+
+#endif
