@@ -16,6 +16,7 @@
 #include "daemon/log.h"
 #include "daemon/server.h"
 #include "daemon/model.h"
+#include "daemon/obs.h"
 #include "daemon/sampler.h"
 #include "daemon/tokenizer.h"
 #include "kernels/backend.h"
@@ -40,6 +41,7 @@ struct options {
 	struct sampler_params sp;
 	struct server_config srv;
 	const char *socket_group;
+	const char *bpf;	/* --bpf: auto, on, off */
 };
 
 static void usage(FILE *f)
@@ -67,6 +69,8 @@ static void usage(FILE *f)
 		"      --no-prefix-cache   never reuse cached prompt prefixes\n"
 		"      --drain-timeout MS  on SIGTERM, finish in-flight work for at most MS (default 5000)\n"
 		"      --log-level L       err, warning, notice (default), info, debug\n"
+		"      --bpf MODE          metrics programs on the USDT probes: auto (default: load\n"
+		"                          when CAP_BPF is held), on (failure is fatal), off\n"
 		"\n"
 		"generation and model:\n"
 		"  -m, --model PATH        GGUF model (default $KVD_MODEL or " DEFAULT_MODEL ")\n"
@@ -128,7 +132,7 @@ static int parse_args(int argc, char **argv, struct options *o)
 	enum { O_CHAT = 256, O_SYSTEM, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_REP, O_SEED, O_CTX, O_INFO,
 	       O_KVMEM, O_KVBLOCKS, O_KVBT, O_KVTYPE, O_PGLOBAL, O_SOCKET, O_SGROUP, O_MAXSESS,
 	       O_MAXSLOTS, O_MAXTOK, O_MAXINF, O_MAXBATCH, O_DRAIN, O_LOGLEVEL, O_UIDSESS,
-	       O_UIDINF, O_UIDARENA, O_NOPREFIX, O_KVQUOTA };
+	       O_UIDINF, O_UIDARENA, O_NOPREFIX, O_KVQUOTA, O_BPF };
 	static const struct option longopts[] = {
 		{ "model", required_argument, NULL, 'm' },
 		{ "prompt", required_argument, NULL, 'p' },
@@ -163,6 +167,7 @@ static int parse_args(int argc, char **argv, struct options *o)
 		{ "max-uid-arena", required_argument, NULL, O_UIDARENA },
 		{ "no-prefix-cache", no_argument, NULL, O_NOPREFIX },
 		{ "kv-quota", required_argument, NULL, O_KVQUOTA },
+		{ "bpf", required_argument, NULL, O_BPF },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
@@ -211,6 +216,7 @@ static int parse_args(int argc, char **argv, struct options *o)
 		case O_UIDARENA: rc = parse_size(optarg, &o->srv.max_uid_arena); break;
 		case O_NOPREFIX: o->srv.no_prefix_cache = 1; break;
 		case O_KVQUOTA: rc = parse_num(optarg, 1, 1u << 30, &v); o->srv.kv_quota = (uint32_t)v; break;
+		case O_BPF: rc = obs_mode_valid(optarg) ? 0 : -EINVAL; o->bpf = optarg; break;
 		case O_LOGLEVEL:
 			rc = log_level_parse(optarg) < 0 ? -EINVAL : 0;
 			if (!rc)
@@ -462,13 +468,17 @@ static int serve(struct options *o, struct model *m, struct backend *be, struct 
 	}
 	if (!o->srv.socket_path)
 		o->srv.socket_path = default_socket(path, sizeof(path));
-	rc = server_create(&srv, &o->srv, m, tok, be, pool);
+	struct kvd_bpf *obs;
+	rc = obs_start(o->bpf, &obs);
+	if (!rc)
+		rc = server_create(&srv, &o->srv, m, tok, be, pool);
 	if (!rc) {
 		log_msg(LOG_NOTICE, "model %s, %s backend (%u threads, %s kernels)", m->hp.name,
 			be->ops->name, be->n_threads, "cpu");
 		rc = server_run(srv);
 		server_destroy(srv);
 	}
+	obs_stop(obs);
 	tokenizer_destroy(tok);
 	return rc;
 }
