@@ -32,3 +32,8 @@ $(BPF_LIB): $(B)/bpf/kvd_load.o
 	$(AR) rcs $@ $^
 
 all: $(BPF_LIB)
+
+# Tests and benchmarks that read the maps or load the programs.
+BPF_TESTS := $(B)/tests/test_bpf $(B)/tests/bench_bpf
+$(BPF_TESTS): $(BPF_LIB)
+$(BPF_TESTS): LDLIBS += $(BPF_LIBS)

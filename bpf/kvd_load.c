@@ -242,7 +242,8 @@ void kvd_bpf_unload(struct kvd_bpf *b)
 		if (!pin_path(path, sizeof(path), b->pin_dir, kvd_bpf_pinned_maps[i]))
 			unlink(path);
 	}
-	if (b->made_dir)
+	/* Ours, or emptied of stale pins: gone when nothing else is in it (rmdir fails otherwise). */
+	if (b->made_dir || b->n_pinned)
 		rmdir(b->pin_dir);
 	for (unsigned i = 0; i < b->n_links; i++)
 		bpf_link__destroy(b->links[i]);
