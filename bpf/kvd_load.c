@@ -250,3 +250,19 @@ void kvd_bpf_unload(struct kvd_bpf *b)
 	kvd_skel__destroy(b->skel);
 	free(b);
 }
+
+int kvd_bpf_run_stats(const struct kvd_bpf *b, unsigned long long *ns, unsigned long long *runs)
+{
+	struct bpf_program *prog;
+	*ns = *runs = 0;
+	bpf_object__for_each_program(prog, b->skel->obj) {
+		struct bpf_prog_info info;
+		__u32 len = sizeof(info);
+		memset(&info, 0, sizeof(info));
+		if (bpf_obj_get_info_by_fd(bpf_program__fd(prog), &info, &len))
+			return -errno;
+		*ns += info.run_time_ns;
+		*runs += info.run_cnt;
+	}
+	return 0;
+}

@@ -35,6 +35,12 @@ int kvd_bpf_load(struct kvd_bpf **out, pid_t pid, const char *pin_dir, char *err
 /* Detach, unpin every map, remove pin_dir if this loader created it and it is empty, free. NULL is fine. */
 void kvd_bpf_unload(struct kvd_bpf *b);
 
+/*
+ * Run time and run count of all the programs together, counted only while
+ * the kernel's BPF statistics are on (bpf_enable_stats(BPF_STATS_RUN_TIME)).
+ */
+int kvd_bpf_run_stats(const struct kvd_bpf *b, unsigned long long *ns, unsigned long long *runs);
+
 /* Names of the pinned maps, NULL-terminated. */
 extern const char *const kvd_bpf_pinned_maps[];
 
