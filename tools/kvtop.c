@@ -418,7 +418,11 @@ static void bar(__u64 used, __u64 cached, __u64 total, int width)
 	int c = total ? (int)((cached * (__u64)width + total - 1) / total) : 0;
 	if (u + c > width)
 		c = width - u;
-	printf("[\033[42m%*s\033[43m%*s\033[0m%*s]", u, "", c, "", width - u - c, "");
+	/* in use green, cached yellow, free dim dots */
+	printf("[\033[42m%*s\033[43m%*s\033[0m\033[2m", u, "", c, "");
+	for (int i = u + c; i < width; i++)
+		fputs("\u00b7", stdout);
+	printf("\033[0m]");
 }
 
 static void lat_row(const char *label, const struct kvd_hist *h)
