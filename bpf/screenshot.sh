@@ -13,7 +13,7 @@ cleanup() {
 	rm -rf "$d"
 }
 trap cleanup EXIT INT TERM
-build/kvd --socket "$sock" --socket-group nogroup --kv-blocks 512 --bpf=on >"$d/kvd.log" 2>&1 &
+build/kvd --socket "$sock" --socket-group nogroup --kv-blocks 512 --threads 1 --bpf=on >"$d/kvd.log" 2>&1 &
 kvd=$!
 pids="$kvd"
 while ! [ -S "$sock" ]; do sleep 0.2; done
