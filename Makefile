@@ -38,6 +38,7 @@ all:
 
 include uapi/uapi.mk
 include kernels/kernels.mk
+include bpf/bpf.mk
 include daemon/daemon.mk
 include shm/shm.mk
 include tools/tools.mk

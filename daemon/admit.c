@@ -10,6 +10,7 @@
 #include <unistd.h>
 #include "daemon/log.h"
 #include "daemon/model.h"
+#include "daemon/probes.h"
 #include "daemon/sampler.h"
 #include "daemon/server.h"
 #include "daemon/tokenizer.h"
@@ -115,6 +116,7 @@ void admit_finish(struct server *srv, struct request *r, int32_t res, uint32_t f
 	sl->head = r->next;
 	if (!sl->head)
 		sl->tail = NULL;
+	KVD_PROBE(finish, r->id, r->c->uid, res, flags, r->n_out);
 	admit_post(r->c, r->sqe.user_data, res, flags, r->last, r->n_out, r->slot);
 	r->c->inflight--;
 	r->c->use->inflight--;
@@ -132,6 +134,7 @@ void admit_session_release(struct server *srv, struct conn *c, struct session *s
 			if (notify) {
 				admit_finish(srv, r, (int32_t)r->n_out, KVD_CQE_CANCELLED);
 			} else {
+				KVD_PROBE(drop, r->id, c->uid);
 				sl->head = r->next;
 				c->inflight--;
 				c->use->inflight--;
@@ -241,6 +244,7 @@ static void cancel(struct server *srv, struct conn *c, const struct kvd_sqe *q)
 			for (struct request *r = s->slots[k].head; r; r = r->next)
 				if (r->sqe.user_data == q->target_user_data && !r->cancelled) {
 					r->cancelled = 1;
+					KVD_PROBE(cancel, r->id, c->uid);
 					admit_post(c, q->user_data, 0, 0, 0, 0, q->slot);
 					return;
 				}
@@ -339,6 +343,7 @@ static int admit(struct server *srv, struct conn *c, const struct kvd_sqe *q)
 	sl->tail = r;
 	c->inflight++;
 	c->use->inflight++;
+	KVD_PROBE(submit, r->id, q->session_id, c->uid, q->opcode, r->n_prompt, r->max_out);
 	return 0;
 }
 

@@ -8,7 +8,7 @@ $(CORE_LIB): $(DAEMON_OBJS) $(KERNELS_OBJS)
 	@mkdir -p $(dir $@) && rm -f $@
 	$(AR) rcs $@ $^
 
-$(B)/kvd: $(B)/daemon/main.o $(CORE_LIB)
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+$(B)/kvd: $(B)/daemon/main.o $(CORE_LIB) $(BPF_LIB)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(BPF_LIBS)
 
 all: $(B)/kvd

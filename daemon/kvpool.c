@@ -12,6 +12,7 @@
 /* For XXH3_state_t on the stack: the header and library come from one package. */
 #define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
+#include "daemon/probes.h"
 
 #include "kernels/backend.h"
 
@@ -329,12 +330,14 @@ int kvpool_alloc(struct kvpool *p, uint32_t *id)
 		list_remove(p, &p->lru, b);
 		unregister_block(p, b);
 		p->st.evictions++;
+		KVD_PROBE(kv_evict, b);
 	} else {
 		return -ENOSPC;
 	}
 	p->refcount[b] = 1;
 	p->in_use++;
 	*id = b;
+	KVD_PROBE(kv_alloc, b, p->in_use, p->lru.n, p->free.n);
 	return 0;
 }
 
@@ -357,6 +360,7 @@ void kvpool_unref(struct kvpool *p, uint32_t id)
 		list_push_tail(p, &p->lru, id);	/* most recently used end */
 	else
 		list_push_head(p, &p->free, id);
+	KVD_PROBE(kv_free, id, p->in_use, p->lru.n, p->free.n);
 }
 
 uint32_t kvpool_refcount(const struct kvpool *p, uint32_t id)
@@ -540,6 +544,7 @@ int kvseq_attach_prefix(struct kvpool *p, struct kvseq *s, const uint32_t *token
 	p->st.prefix_hit_tokens += hit_tokens;
 	p->st.prefix_miss_blocks += blocks_for(n, bt) - hits;
 	p->st.prefix_miss_tokens += n - hit_tokens;
+	KVD_PROBE(prefix_lookup, s->ns, hit_tokens, n - hit_tokens);
 	return (int)hit_tokens;
 }
 

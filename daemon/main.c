@@ -16,6 +16,7 @@
 #include "daemon/server.h"
 #include "daemon/service.h"
 #include "daemon/model.h"
+#include "daemon/obs.h"
 #include "daemon/sampler.h"
 #include "daemon/tokenizer.h"
 #include "kernels/backend.h"
@@ -54,7 +55,8 @@ static void usage(FILE *f)
 		"      --no-prefix-cache   never reuse cached prompt prefixes\n"
 		"      --drain-timeout MS  on SIGTERM, finish in-flight work for at most MS (default 5000)\n"
 		"      --log-level L       err, warning, notice (default), info, debug\n"
-		"      --bpf MODE          auto (load the BPF programs when CAP_BPF is held), on, off\n"
+		"      --bpf MODE          metrics programs on the USDT probes: auto (default: load\n"
+		"                          when CAP_BPF is held), on (failure is fatal), off\n"
 		"      --backend B         auto (CUDA when a device is present), cpu, cuda\n"
 		"  SIGHUP re-reads the file: log-level, the max-* limits, kv-quota, drain-timeout\n"
 		"  and no-prefix-cache change live; the rest is logged as needing a restart.\n"
@@ -279,13 +281,19 @@ static int serve(struct kvd_options *o, struct model *m, struct backend *be, str
 	}
 	o->srv.reload = reload_config;
 	o->srv.reload_arg = o;
-	rc = server_create(&srv, &o->srv, m, tok, be, pool);
+	static const char *const bpf_mode[] = { [CONFIG_BPF_AUTO] = "auto", [CONFIG_BPF_ON] = "on",
+						[CONFIG_BPF_OFF] = "off" };
+	struct kvd_bpf *obs;
+	rc = obs_start(bpf_mode[o->bpf], &obs);
+	if (!rc)
+		rc = server_create(&srv, &o->srv, m, tok, be, pool);
 	if (!rc) {
 		log_msg(LOG_NOTICE, "model %s, %s backend (%u threads, %s kernels)", m->hp.name,
 			be->ops->name, be->n_threads, "cpu");
 		rc = server_run(srv);
 		server_destroy(srv);
 	}
+	obs_stop(obs);
 	tokenizer_destroy(tok);
 	return rc;
 }

@@ -11,6 +11,7 @@
 #include <unistd.h>
 #include "daemon/log.h"
 #include "daemon/model.h"
+#include "daemon/probes.h"
 #include "daemon/sampler.h"
 #include "daemon/server.h"
 #include "daemon/tokenizer.h"
@@ -27,6 +28,8 @@ static int emit(struct server *srv, struct request *r, float *logits)
 	((uint32_t *)(r->c->arena + r->sqe.out_off))[r->n_out++] = tok;
 	r->last = tok;
 	srv->n_generated++;
+	if (r->n_out == 1) KVD_PROBE(first_token, r->id, r->c->uid);
+	KVD_PROBE(token, r->id, r->c->uid, tok, r->n_out);
 	sl->has_logits = 0;
 	sl->pending = tok;
 	sl->has_pending = 1;
@@ -46,6 +49,7 @@ static int start(struct server *srv, struct request *r)
 {
 	struct slot *sl = &r->s->slots[r->slot];
 	const struct kvd_sqe *q = &r->sqe;
+	KVD_PROBE(admit, r->id, r->c->uid, r->n_prompt);
 	if (q->opcode == KVD_OP_RESET) {
 		admit_slot_reset(srv, sl);
 		admit_finish(srv, r, 0, 0);
@@ -105,6 +109,7 @@ static int start(struct server *srv, struct request *r)
 struct batch {
 	uint32_t n;
 	uint32_t n_logits;
+	uint32_t n_decode;
 };
 
 /* A runnable request of this step. */
@@ -152,6 +157,7 @@ static int preempt(struct server *srv, struct slot *sl, struct request *r)
 	engine_seq_init(srv->eng, &sl->seq, ns);
 	sl->has_logits = 0;
 	srv->n_preemptions++;
+	KVD_PROBE(preempt, r ? r->id : 0, sl->seq.kv.ns, (uint32_t)n);
 	if (!r) {
 		/* An idle sequence: its tokens wait for the slot's next request. */
 		free(sl->resume);
@@ -371,6 +377,7 @@ static void build(struct server *srv, struct batch *b)
 			cd->sl->has_pending = 0;
 			add_row(srv, b, r, t, 1);
 			budget--;
+			b->n_decode++;
 			continue;
 		}
 		if (r->phase != REQ_PREFILL)
@@ -404,6 +411,7 @@ static void build(struct server *srv, struct batch *b)
 		}
 		for (uint32_t j = 0; j < take; j++)
 			add_row(srv, b, r, r->prompt[r->n_fed + j], r->n_fed + j + 1 == r->n_prompt);
+		KVD_PROBE(prefill_chunk, r->id, r->c->uid, r->n_fed, take);
 		r->n_fed += take;
 		r->c->step_rows += take;
 		budget -= take;
@@ -590,7 +598,7 @@ void *sched_thread(void *arg)
 	}
 	for (;;) {
 		housekeeping(srv);
-		struct batch b = { 0, 0 };
+		struct batch b = { 0, 0, 0 };
 		if (srv->rows && srv->row_req)
 			build(srv, &b);
 		wake_clients(srv);
@@ -629,8 +637,10 @@ void *sched_thread(void *arg)
 		int rc = grow_logits(srv, b.n_logits);
 		srv->n_steps++;
 		pthread_mutex_unlock(&srv->lock);
+		KVD_PROBE(step_begin, srv->n_steps, b.n, b.n - b.n_decode, b.n_decode);
 		if (!rc)
 			rc = engine_forward(srv->eng, srv->rows, b.n, srv->logits);
+		KVD_PROBE(step_end, srv->n_steps, b.n, b.n - b.n_decode, b.n_decode, rc);
 		pthread_mutex_lock(&srv->lock);
 		if (rc)
 			log_msg(LOG_WARNING, "engine step of %u rows failed: %s", b.n, strerror(-rc));

@@ -14,6 +14,7 @@
 #include <unistd.h>
 #include "daemon/log.h"
 #include "daemon/model.h"
+#include "daemon/probes.h"
 #include "daemon/server.h"
 #include "daemon/service.h"
 #include "daemon/tokenizer.h"
@@ -442,6 +443,7 @@ static void conn_hangup(struct server *srv, struct conn *c)
 	pthread_mutex_lock(&srv->lock);
 	if (!c->dead) {
 		c->dead = 1;
+		KVD_PROBE(conn_close, c->pid, c->uid);
 		log_msg(LOG_DEBUG, "connection from pid %d uid %u closed", (int)c->pid, (unsigned)c->uid);
 	}
 	pthread_cond_signal(&srv->work);
@@ -533,6 +535,7 @@ static void on_accept(struct loop *l, struct loop_op *op, int res, int more)
 			srv->n_conns++;
 			pthread_mutex_unlock(&srv->lock);
 			log_msg(LOG_DEBUG, "connection from pid %d uid %u", (int)c->pid, (unsigned)c->uid);
+			KVD_PROBE(conn_open, c->pid, c->uid);
 			if (arm_recv(srv, c))
 				conn_hangup(srv, c);
 		}

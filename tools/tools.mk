@@ -18,3 +18,8 @@ install: all
 	install -m 0644 $(B)/libkvclient.a $(DESTDIR)$(PREFIX)/lib/
 	install -m 0644 $(KVC_HDRS) $(DESTDIR)$(PREFIX)/include/kvd/
 	install -m 0644 $(UAPI_HDRS) $(DESTDIR)$(PREFIX)/include/kvd/uapi/
+
+# kvtop reads the pinned BPF maps and can load the programs itself (--attach).
+$(B)/kvtop: $(BPF_LIB)
+$(B)/kvtop: LDLIBS += $(BPF_LIBS)
+$(B)/tools/kvtop.o: $(B)/bpf/kvd.skel.h

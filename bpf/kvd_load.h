@@ -1,0 +1,47 @@
+/* kvd_load.h — load kvd's BPF programs, attach them to one kvd process, pin their maps. */
+#ifndef KVD_BPF_LOAD_H
+#define KVD_BPF_LOAD_H
+
+#include <stddef.h>
+#include <sys/types.h>
+
+struct kvd_bpf;
+
+enum kvd_bpf_mode {
+	KVD_BPF_AUTO,	/* load when the process may (CAP_BPF + CAP_PERFMON, or CAP_SYS_ADMIN) */
+	KVD_BPF_ON,	/* load or fail */
+	KVD_BPF_OFF,
+};
+
+/* "auto", "on" or "off"; -EINVAL otherwise. */
+int kvd_bpf_mode_parse(const char *s, enum kvd_bpf_mode *out);
+
+/* 1 if this process's effective capabilities allow loading and attaching the programs. */
+int kvd_bpf_capable(void);
+
+/* $KVD_BPF_PIN_DIR when set, else /sys/fs/bpf/kvd. */
+const char *kvd_bpf_default_pin_dir(void);
+
+/*
+ * Load the programs, attach them to the USDT probes of process pid (its
+ * /proc/pid/exe), and pin the maps counters, pool, hists, uids and meta
+ * under pin_dir (created if missing; it must be on a bpf file system).
+ * Pins left by a loader that is gone are removed first; pins of a live one
+ * make this fail with -EBUSY. Returns 0 and *out, or -errno with a message
+ * in err.
+ */
+int kvd_bpf_load(struct kvd_bpf **out, pid_t pid, const char *pin_dir, char *err, size_t errlen);
+
+/* Detach, unpin every map, remove pin_dir if this loader created it and it is empty, free. NULL is fine. */
+void kvd_bpf_unload(struct kvd_bpf *b);
+
+/*
+ * Run time and run count of all the programs together, counted only while
+ * the kernel's BPF statistics are on (bpf_enable_stats(BPF_STATS_RUN_TIME)).
+ */
+int kvd_bpf_run_stats(const struct kvd_bpf *b, unsigned long long *ns, unsigned long long *runs);
+
+/* Names of the pinned maps, NULL-terminated. */
+extern const char *const kvd_bpf_pinned_maps[];
+
+#endif

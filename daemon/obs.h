@@ -1,0 +1,21 @@
+/* obs.h — the daemon's --bpf option: load, attach and pin its metrics programs, and undo it at exit. */
+#ifndef KVD_OBS_H
+#define KVD_OBS_H
+
+struct kvd_bpf;
+
+/* 1 if mode is auto, on or off. */
+int obs_mode_valid(const char *mode);
+
+/*
+ * mode "auto" (NULL too): load when the process holds the capabilities, a
+ * failure is logged; "on": a failure is returned as -errno; "off": nothing.
+ * *out is NULL when nothing was loaded. Maps are pinned under
+ * $KVD_BPF_PIN_DIR, else /sys/fs/bpf/kvd.
+ */
+int obs_start(const char *mode, struct kvd_bpf **out);
+
+/* Detach and unpin; NULL is fine. */
+void obs_stop(struct kvd_bpf *b);
+
+#endif

@@ -1,0 +1,671 @@
+/* kvtop.c — live metrics of kvd from its pinned BPF maps and its STATS: dashboard, JSON, Prometheus text. */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stddef.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <sys/ioctl.h>
+#include <bpf/bpf.h>
+#include "bpf/kvd_load.h"
+#include "bpf/kvd_maps.h"
+#include "shm/kvclient.h"
+
+#define MAX_UIDS 256
+
+struct opts {
+	const char *socket;
+	const char *pin_dir;
+	double interval;
+	int once, json, prometheus;
+	pid_t attach;
+};
+
+struct uid_row {
+	uint32_t uid;
+	struct kvd_uid_stats st;
+	struct kvd_hist h[KVD_HIST_LAST];
+};
+
+/* One reading of everything kvtop shows. */
+struct snap {
+	double t;			/* CLOCK_MONOTONIC seconds */
+	int have_bpf;
+	struct kvd_counters ctr;
+	struct kvd_pool pool;
+	struct kvd_meta meta;
+	struct kvd_hist h[KVD_HIST_LAST];	/* all clients */
+	struct uid_row uids[MAX_UIDS];
+	uint32_t n_uids;
+	int have_stats;
+	struct kvd_stats_rep st;
+};
+
+static const char *const hist_names[KVD_HIST_LAST] = { "queue", "ttft", "itl", "step", "prefill_per_token" };
+static const char *const hist_prom[KVD_HIST_LAST] = {
+	"queue_wait_seconds", "ttft_seconds", "inter_token_seconds", "step_seconds", "prefill_token_seconds",
+};
+static const char *const hist_help[KVD_HIST_LAST] = {
+	"Time from submission until the scheduler starts the request.",
+	"Time from submission to the first generated token.",
+	"Time between consecutive tokens of one request.",
+	"Duration of one engine step.",
+	"Step time per row, for steps that carry prompt rows.",
+};
+
+static volatile sig_atomic_t stop;
+
+static void on_signal(int sig)
+{
+	(void)sig;
+	stop = 1;
+}
+
+static double mono_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ---- reading ---- */
+
+static int open_map(const char *dir, const char *name)
+{
+	char path[512];
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	return bpf_obj_get(path);
+}
+
+static struct uid_row *uid_row(struct snap *s, uint32_t uid)
+{
+	for (uint32_t i = 0; i < s->n_uids; i++)
+		if (s->uids[i].uid == uid)
+			return &s->uids[i];
+	if (s->n_uids == MAX_UIDS)
+		return NULL;
+	struct uid_row *r = &s->uids[s->n_uids++];
+	memset(r, 0, sizeof(*r));
+	r->uid = uid;
+	return r;
+}
+
+/* The pinned maps under dir; 0, or -errno when they are not there (no BPF programs loaded). */
+static int read_bpf(const char *dir, struct snap *s)
+{
+	int fd_c = open_map(dir, "counters"), fd_p = open_map(dir, "pool"), fd_m = open_map(dir, "meta");
+	int fd_h = open_map(dir, "hists"), fd_u = open_map(dir, "uids");
+	int rc = 0;
+	__u32 zero = 0;
+	if (fd_c < 0 || fd_p < 0 || fd_m < 0 || fd_h < 0 || fd_u < 0) {
+		rc = -errno;
+		goto out;
+	}
+	if (bpf_map_lookup_elem(fd_c, &zero, &s->ctr) || bpf_map_lookup_elem(fd_p, &zero, &s->pool) ||
+	    bpf_map_lookup_elem(fd_m, &zero, &s->meta)) {
+		rc = -errno;
+		goto out;
+	}
+	__u32 uid, *prev = NULL;
+	while (bpf_map_get_next_key(fd_u, prev, &uid) == 0) {
+		struct uid_row *r = uid_row(s, uid);
+		if (r && bpf_map_lookup_elem(fd_u, &uid, &r->st))
+			memset(&r->st, 0, sizeof(r->st));	/* gone meanwhile */
+		prev = &uid;
+	}
+	struct kvd_hist_key k, *pk = NULL;
+	while (bpf_map_get_next_key(fd_h, pk, &k) == 0) {
+		struct kvd_hist h;
+		pk = &k;
+		if (k.kind >= KVD_HIST_LAST || bpf_map_lookup_elem(fd_h, &k, &h))
+			continue;
+		if (k.uid == KVD_UID_ALL) {
+			s->h[k.kind] = h;
+		} else {
+			struct uid_row *r = uid_row(s, k.uid);
+			if (r)
+				r->h[k.kind] = h;
+		}
+	}
+	s->have_bpf = 1;
+out:
+	for (int *fd = (int[]){ fd_c, fd_p, fd_m, fd_h, fd_u, -2 }; *fd != -2; fd++)
+		if (*fd >= 0)
+			close(*fd);
+	return rc;
+}
+
+static void take(struct snap *s, struct kvc_conn *c, const struct opts *o)
+{
+	memset(s, 0, sizeof(*s));
+	s->t = mono_s();
+	read_bpf(o->pin_dir, s);
+	s->have_stats = c && kvc_stats(c, &s->st) == 0;
+}
+
+/* ---- figures derived from a snapshot ---- */
+
+/* The histogram's estimate of quantile q, in seconds: the upper bound of the slot it falls in. */
+static double hist_quantile(const struct kvd_hist *h, double q)
+{
+	__u64 total = 0, acc = 0;
+	for (int i = 0; i < KVD_HIST_SLOTS; i++)
+		total += h->slots[i];
+	if (!total)
+		return 0;
+	for (int i = 0; i < KVD_HIST_SLOTS; i++) {
+		acc += h->slots[i];
+		if ((double)acc >= q * (double)total)
+			return ldexp(1e-6, i);
+	}
+	return ldexp(1e-6, KVD_HIST_SLOTS - 1);
+}
+
+static __u64 hist_total(const struct kvd_hist *h)
+{
+	__u64 n = 0;
+	for (int i = 0; i < KVD_HIST_SLOTS; i++)
+		n += h->slots[i];
+	return n;
+}
+
+static __u64 inflight(const struct snap *s)
+{
+	__u64 n = 0;
+	for (uint32_t i = 0; i < s->n_uids; i++)
+		n += s->uids[i].st.inflight;
+	return n;
+}
+
+/* Pool figures: the BPF gauge once it has seen the pool change, else the daemon's STATS. */
+static int pool_figures(const struct snap *s, __u64 *used, __u64 *cached, __u64 *total,
+			const char **src)
+{
+	if (s->have_bpf && s->pool.updates) {
+		*used = s->pool.in_use;
+		*cached = s->pool.cached;
+		*total = s->pool.in_use + s->pool.cached + s->pool.free;
+		*src = "bpf";
+		return 1;
+	}
+	if (s->have_stats) {
+		*used = s->st.kv_blocks_used;
+		*cached = s->st.kv_blocks_cached;
+		*total = s->st.kv_blocks_total;
+		*src = "stats";
+		return 1;
+	}
+	*used = *cached = *total = 0;
+	*src = "none";
+	return 0;
+}
+
+static double hit_rate(__u64 hit, __u64 miss)
+{
+	return hit + miss ? (double)hit / (double)(hit + miss) : 0;
+}
+
+/* ---- JSON ---- */
+
+static void json_hist(const struct kvd_hist *h)
+{
+	printf("{\"count\":%llu,\"sum_s\":%.9f,\"p50_s\":%g,\"p90_s\":%g,\"p99_s\":%g,\"slots\":[",
+	       hist_total(h), h->sum_ns * 1e-9, hist_quantile(h, .5), hist_quantile(h, .9),
+	       hist_quantile(h, .99));
+	for (int i = 0; i < KVD_HIST_SLOTS; i++)
+		printf("%s%llu", i ? "," : "", h->slots[i]);
+	printf("]}");
+}
+
+static void print_json(const struct snap *s, const struct opts *o)
+{
+	const struct kvd_counters *c = &s->ctr;
+	__u64 used, cached, total;
+	const char *src;
+	pool_figures(s, &used, &cached, &total, &src);
+	printf("{\"time\":%lld,\"bpf\":%s,\"pin_dir\":\"%s\"", (long long)time(NULL),
+	       s->have_bpf ? "true" : "false", o->pin_dir);
+	if (s->have_bpf) {
+		printf(",\"daemon_pid\":%u,\"loader_pid\":%u", s->meta.daemon_pid, s->meta.loader_pid);
+		printf(",\"counters\":{\"tokens\":%llu,\"first_tokens\":%llu"
+		       ",\"requests\":%llu,\"submitted\":%llu,\"cancels\":%llu"
+		       ",\"prefill_tokens\":%llu,\"prefix_hit_tokens\":%llu"
+		       ",\"prefix_miss_tokens\":%llu,\"evictions\":%llu"
+		       ",\"preemptions\":%llu,\"steps\":%llu,\"kv_allocs\":%llu"
+		       ",\"kv_frees\":%llu,\"connects\":%llu,\"disconnects\":%llu}",
+		       c->tokens, c->first_tokens, c->requests, c->submitted, c->cancels, c->prefill_tokens,
+		       c->prefix_hit_tokens, c->prefix_miss_tokens, c->evictions, c->preemptions, c->steps,
+		       c->kv_allocs, c->kv_frees, c->connects, c->disconnects);
+		printf(",\"requests_in_flight\":%llu,\"prefix_hit_rate\":%.4f", inflight(s),
+		       hit_rate(c->prefix_hit_tokens, c->prefix_miss_tokens));
+		printf(",\"hists\":{");
+		for (int k = 0; k < KVD_HIST_LAST; k++) {
+			printf("%s\"%s\":", k ? "," : "", hist_names[k]);
+			json_hist(&s->h[k]);
+		}
+		printf("},\"uids\":[");
+		for (uint32_t i = 0; i < s->n_uids; i++) {
+			const struct uid_row *r = &s->uids[i];
+			printf("%s{\"uid\":%u,\"tokens\":%llu,\"requests\":%llu"
+			       ",\"inflight\":%llu,\"prefill_tokens\":%llu"
+			       ",\"prefix_hit_tokens\":%llu,\"prefix_miss_tokens\":%llu"
+			       ",\"cancels\":%llu",
+			       i ? "," : "", r->uid, r->st.tokens, r->st.requests, r->st.inflight,
+			       r->st.prefill_tokens, r->st.prefix_hit_tokens, r->st.prefix_miss_tokens,
+			       r->st.cancels);
+			for (int k = 0; k < KVD_HIST_LAST; k++) {
+				if (k == KVD_HIST_STEP || k == KVD_HIST_PREFILL)
+					continue;	/* steps belong to no client */
+				printf(",\"%s\":", hist_names[k]);
+				json_hist(&r->h[k]);
+			}
+			printf("}");
+		}
+		printf("]");
+	}
+	printf(",\"pool\":{\"source\":\"%s\",\"in_use\":%llu,\"cached\":%llu"
+	       ",\"free\":%llu,\"total\":%llu}",
+	       src, used, cached, total - used - cached, total);
+	if (s->have_stats) {
+		const struct kvd_stats_rep *t = &s->st;
+		printf(",\"stats\":{\"requests\":%llu,\"tokens_prefilled\":%llu,\"tokens_generated\":%llu,"
+		       "\"kv_blocks_total\":%llu,\"kv_blocks_used\":%llu,\"kv_blocks_cached\":%llu,"
+		       "\"prefix_hit_tokens\":%llu,\"prefix_miss_tokens\":%llu,\"evictions\":%llu,"
+		       "\"preemptions\":%llu,\"connections\":%u,\"sessions\":%u,\"steps\":%llu}",
+		       (unsigned long long)t->requests, (unsigned long long)t->tokens_prefilled,
+		       (unsigned long long)t->tokens_generated, (unsigned long long)t->kv_blocks_total,
+		       (unsigned long long)t->kv_blocks_used, (unsigned long long)t->kv_blocks_cached,
+		       (unsigned long long)t->prefix_hit_tokens, (unsigned long long)t->prefix_miss_tokens,
+		       (unsigned long long)t->evictions, (unsigned long long)t->preemptions,
+		       t->connections, t->sessions, (unsigned long long)t->steps);
+	} else {
+		printf(",\"stats\":null");
+	}
+	printf("}\n");
+}
+
+/* ---- Prometheus text exposition format ---- */
+
+static void prom_head(const char *name, const char *type, const char *help)
+{
+	printf("# HELP kvd_%s %s\n# TYPE kvd_%s %s\n", name, help, name, type);
+}
+
+static void prom_one(const char *name, const char *type, const char *help, __u64 v)
+{
+	prom_head(name, type, help);
+	printf("kvd_%s %llu\n", name, v);
+}
+
+/* Cumulative buckets; the last slot is open-ended, so it is +Inf's. labels: "" or `uid="N",`. */
+static void prom_hist(const char *name, const char *labels, const struct kvd_hist *h)
+{
+	__u64 acc = 0;
+	for (int i = 0; i < KVD_HIST_SLOTS - 1; i++) {
+		acc += h->slots[i];
+		printf("kvd_%s_bucket{%sle=\"%g\"} %llu\n", name, labels, ldexp(1e-6, i), acc);
+	}
+	acc += h->slots[KVD_HIST_SLOTS - 1];
+	printf("kvd_%s_bucket{%sle=\"+Inf\"} %llu\n", name, labels, acc);
+	char lb[64] = "";
+	if (*labels)
+		snprintf(lb, sizeof(lb), "{%.*s}", (int)strlen(labels) - 1, labels);	/* drop the comma */
+	printf("kvd_%s_sum%s %.9f\n", name, lb, h->sum_ns * 1e-9);
+	printf("kvd_%s_count%s %llu\n", name, lb, acc);
+}
+
+/* One per-uid series of the field f of struct kvd_uid_stats. */
+static void prom_uid(const struct snap *s, const char *name, size_t off, const char *type, const char *help)
+{
+	prom_head(name, type, help);
+	for (uint32_t i = 0; i < s->n_uids; i++) {
+		__u64 v;
+		memcpy(&v, (const char *)&s->uids[i].st + off, sizeof(v));
+		printf("kvd_%s{uid=\"%u\"} %llu\n", name, s->uids[i].uid, v);
+	}
+}
+
+static void print_prometheus(const struct snap *s)
+{
+	const struct kvd_counters *c = &s->ctr;
+	prom_one("up", "gauge", "1 if kvtop reached the daemon's socket.", (__u64)s->have_stats);
+	prom_one("bpf_loaded", "gauge", "1 if the BPF metrics maps are pinned.", (__u64)s->have_bpf);
+	if (s->have_bpf) {
+		prom_one("tokens_total", "counter", "Tokens generated.", c->tokens);
+		prom_one("first_tokens_total", "counter", "Requests that produced a first token.", c->first_tokens);
+		prom_one("requests_total", "counter", "Requests completed.", c->requests);
+		prom_one("requests_submitted_total", "counter", "Requests queued.", c->submitted);
+		prom_one("cancels_total", "counter", "Cancellations asked for.", c->cancels);
+		prom_one("prefill_tokens_total", "counter", "Prompt tokens computed.", c->prefill_tokens);
+		prom_one("prefix_hit_tokens_total", "counter", "Prompt tokens served from the prefix cache.", c->prefix_hit_tokens);
+		prom_one("prefix_miss_tokens_total", "counter", "Prompt tokens not found in the prefix cache.", c->prefix_miss_tokens);
+		prom_one("evictions_total", "counter", "Cached KV blocks reclaimed.", c->evictions);
+		prom_one("preemptions_total", "counter", "Sequences that gave up their KV blocks.", c->preemptions);
+		prom_one("steps_total", "counter", "Engine steps.", c->steps);
+		prom_one("requests_in_flight", "gauge", "Requests submitted and not completed.", inflight(s));
+		for (int k = 0; k < KVD_HIST_LAST; k++) {
+			prom_head(hist_prom[k], "histogram", hist_help[k]);
+			prom_hist(hist_prom[k], "", &s->h[k]);
+		}
+		prom_uid(s, "uid_tokens_total", offsetof(struct kvd_uid_stats, tokens), "counter",
+			 "Tokens generated, per client uid.");
+		prom_uid(s, "uid_requests_total", offsetof(struct kvd_uid_stats, requests), "counter",
+			 "Requests completed, per client uid.");
+		prom_uid(s, "uid_requests_in_flight", offsetof(struct kvd_uid_stats, inflight), "gauge",
+			 "Requests in flight, per client uid.");
+		prom_uid(s, "uid_prefill_tokens_total", offsetof(struct kvd_uid_stats, prefill_tokens),
+			 "counter", "Prompt tokens computed, per client uid.");
+		prom_uid(s, "uid_prefix_hit_tokens_total", offsetof(struct kvd_uid_stats, prefix_hit_tokens),
+			 "counter", "Prompt tokens served from the prefix cache, per client uid.");
+		prom_uid(s, "uid_prefix_miss_tokens_total", offsetof(struct kvd_uid_stats, prefix_miss_tokens),
+			 "counter", "Prompt tokens not found in the prefix cache, per client uid.");
+		for (int k = 0; k <= KVD_HIST_ITL; k++) {
+			char name[64], help[160], lb[32];
+			snprintf(name, sizeof(name), "uid_%s", hist_prom[k]);
+			snprintf(help, sizeof(help), "%s Per client uid.", hist_help[k]);
+			prom_head(name, "histogram", help);
+			for (uint32_t i = 0; i < s->n_uids; i++) {
+				snprintf(lb, sizeof(lb), "uid=\"%u\",", s->uids[i].uid);
+				prom_hist(name, lb, &s->uids[i].h[k]);
+			}
+		}
+	}
+	__u64 used, cached, total;
+	const char *src;
+	if (pool_figures(s, &used, &cached, &total, &src)) {
+		prom_head("kv_blocks", "gauge", "KV cache blocks by state.");
+		printf("kvd_kv_blocks{state=\"in_use\"} %llu\n", used);
+		printf("kvd_kv_blocks{state=\"cached\"} %llu\n", cached);
+		printf("kvd_kv_blocks{state=\"free\"} %llu\n", total - used - cached);
+	}
+	if (s->have_stats) {
+		const struct kvd_stats_rep *t = &s->st;
+		prom_one("daemon_requests_total", "counter", "Requests completed (daemon STATS).", t->requests);
+		prom_one("daemon_tokens_prefilled_total", "counter", "Prompt tokens computed (daemon STATS).", t->tokens_prefilled);
+		prom_one("daemon_tokens_generated_total", "counter", "Tokens sampled (daemon STATS).", t->tokens_generated);
+		prom_one("daemon_prefix_hit_tokens_total", "counter", "Prefix-cache hit tokens (daemon STATS).", t->prefix_hit_tokens);
+		prom_one("daemon_prefix_miss_tokens_total", "counter", "Prefix-cache miss tokens (daemon STATS).", t->prefix_miss_tokens);
+		prom_one("daemon_evictions_total", "counter", "Cached blocks reclaimed (daemon STATS).", t->evictions);
+		prom_one("daemon_preemptions_total", "counter", "Sequences preempted (daemon STATS).", t->preemptions);
+		prom_one("daemon_steps_total", "counter", "Engine steps (daemon STATS).", t->steps);
+		prom_one("daemon_connections", "gauge", "Client connections open.", t->connections);
+		prom_one("daemon_sessions", "gauge", "Sessions open.", t->sessions);
+	}
+}
+
+/* ---- the dashboard ---- */
+
+static void fmt_time(char *buf, size_t len, double s)
+{
+	if (s <= 0)
+		snprintf(buf, len, "-");
+	else if (s < 1e-3)
+		snprintf(buf, len, "%.0fus", s * 1e6);
+	else if (s < 1)
+		snprintf(buf, len, "%.1fms", s * 1e3);
+	else
+		snprintf(buf, len, "%.2fs", s);
+}
+
+static void bar(__u64 used, __u64 cached, __u64 total, int width)
+{
+	int u = total ? (int)((used * (__u64)width + total - 1) / total) : 0;
+	int c = total ? (int)((cached * (__u64)width + total - 1) / total) : 0;
+	if (u + c > width)
+		c = width - u;
+	/* in use green, cached yellow, free dim dots */
+	printf("[\033[42m%*s\033[43m%*s\033[0m\033[2m", u, "", c, "");
+	for (int i = u + c; i < width; i++)
+		fputs("\u00b7", stdout);
+	printf("\033[0m]");
+}
+
+static void lat_row(const char *label, const struct kvd_hist *h)
+{
+	char a[16], b[16], c[16], m[16];
+	__u64 n = hist_total(h);
+	fmt_time(a, sizeof(a), hist_quantile(h, .5));
+	fmt_time(b, sizeof(b), hist_quantile(h, .9));
+	fmt_time(c, sizeof(c), hist_quantile(h, .99));
+	fmt_time(m, sizeof(m), n ? h->sum_ns * 1e-9 / (double)n : 0);
+	printf("  %-18s %9s %9s %9s %9s %10llu\n", label, a, b, c, m, n);
+}
+
+/* The TTFT histogram, only the slots from the first to the last non-empty one. */
+static void mini_hist(const struct kvd_hist *h, int width)
+{
+	int lo = -1, hi = -1;
+	__u64 max = 0;
+	for (int i = 0; i < KVD_HIST_SLOTS; i++)
+		if (h->slots[i]) {
+			lo = lo < 0 ? i : lo;
+			hi = i;
+			max = h->slots[i] > max ? h->slots[i] : max;
+		}
+	if (lo < 0) {
+		printf("  (no requests yet)\n");
+		return;
+	}
+	for (int i = lo; i <= hi; i++) {
+		char t[16];
+		fmt_time(t, sizeof(t), ldexp(1e-6, i));
+		int w = (int)((h->slots[i] * (__u64)width + max - 1) / max);
+		printf("  < %-8s \033[36m", t);
+		for (int k = 0; k < w; k++)
+			fputs("\u2587", stdout);
+		printf("\033[0m %llu\n", h->slots[i]);
+	}
+}
+
+static void dashboard(const struct snap *s, const struct snap *prev, const struct opts *o)
+{
+	double dt = prev ? s->t - prev->t : 0;
+	__u64 tok = s->have_bpf ? s->ctr.tokens : s->st.tokens_generated;
+	__u64 ptok = !prev ? tok : prev->have_bpf ? prev->ctr.tokens : prev->st.tokens_generated;
+	double tps = dt > 0 && tok >= ptok ? (double)(tok - ptok) / dt : 0;
+	char clock[16];
+	time_t now = time(NULL);
+	strftime(clock, sizeof(clock), "%H:%M:%S", localtime(&now));
+	if (!o->once)
+		printf("\033[H\033[2J");	/* home, clear */
+	printf("\033[1mkvtop\033[0m  daemon %s", s->have_stats ? "up" : "\033[31munreachable\033[0m");
+	if (s->have_bpf)
+		printf(" (pid %u)  bpf maps %s%s", s->meta.daemon_pid, o->pin_dir,
+		       s->meta.loader_pid == s->meta.daemon_pid ? " (loaded by kvd)" : " (loaded by kvtop)");
+	else
+		printf("  no bpf maps in %s (kvtop --attach PID loads them)", o->pin_dir);
+	printf("   %s\n\n", clock);
+	__u64 hit = s->have_bpf ? s->ctr.prefix_hit_tokens : s->st.prefix_hit_tokens;
+	__u64 miss = s->have_bpf ? s->ctr.prefix_miss_tokens : s->st.prefix_miss_tokens;
+	printf("  tokens/s \033[1m%8.1f\033[0m   in flight %4llu   requests %8llu"
+	       "   tokens %10llu\n",
+	       tps, s->have_bpf ? inflight(s) : 0, s->have_bpf ? s->ctr.requests : s->st.requests, tok);
+	__u64 used, cached, total;
+	const char *src;
+	pool_figures(s, &used, &cached, &total, &src);
+	printf("  KV pool  ");
+	bar(used, cached, total, 40);
+	printf(" %llu used, %llu cached, %llu free\n", used, cached,
+	       total - used - cached);
+	printf("  prefix hit rate %5.1f %%  (%llu of %llu prompt tokens)   evictions %llu"
+	       "   preemptions %llu\n\n",
+	       100 * hit_rate(hit, miss), hit, hit + miss,
+	       s->have_bpf ? s->ctr.evictions : s->st.evictions,
+	       s->have_bpf ? s->ctr.preemptions : s->st.preemptions);
+	if (!s->have_bpf)
+		return;
+	printf("\033[1m  %-18s %9s %9s %9s %9s %10s\033[0m\n", "latency", "p50", "p90", "p99", "mean", "count");
+	static const char *const labels[KVD_HIST_LAST] = {
+		"queue wait", "time to 1st token", "inter-token", "engine step", "prefill / token",
+	};
+	for (int k = 0; k < KVD_HIST_LAST; k++)
+		lat_row(labels[k], &s->h[k]);
+	printf("\n\033[1m  time to first token\033[0m\n");
+	mini_hist(&s->h[KVD_HIST_TTFT], 30);
+	printf("\n\033[1m  %-8s %10s %8s %8s %8s %10s %10s %8s\033[0m\n", "uid", "tokens", "tok/s", "reqs",
+	       "inflight", "ttft p50", "itl p50", "hit %");
+	for (uint32_t i = 0; i < s->n_uids; i++) {
+		const struct uid_row *r = &s->uids[i];
+		__u64 pt = r->st.tokens;
+		for (uint32_t j = 0; prev && j < prev->n_uids; j++)
+			if (prev->uids[j].uid == r->uid)
+				pt = prev->uids[j].st.tokens;
+		char a[16], b[16];
+		fmt_time(a, sizeof(a), hist_quantile(&r->h[KVD_HIST_TTFT], .5));
+		fmt_time(b, sizeof(b), hist_quantile(&r->h[KVD_HIST_ITL], .5));
+		printf("  %-8u %10llu %8.1f %8llu %8llu %10s %10s %8.1f\n", r->uid,
+		       r->st.tokens, dt > 0 && r->st.tokens >= pt ? (double)(r->st.tokens - pt) / dt : 0,
+		       r->st.requests, r->st.inflight, a, b,
+		       100 * hit_rate(r->st.prefix_hit_tokens, r->st.prefix_miss_tokens));
+	}
+}
+
+/* ---- main ---- */
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: kvtop [--socket PATH] [--interval SECONDS] [--once] [--json] [--prometheus]\n"
+		"             [--attach PID] [--pin-dir DIR]\n"
+		"  --socket PATH     the daemon's socket (default as kvctl: /run/kvd/kvd.sock as root,\n"
+		"                    else $XDG_RUNTIME_DIR/kvd.sock)\n"
+		"  --interval S      refresh period of the dashboard (default 1)\n"
+		"  --once            print one snapshot and exit (with --json: one JSON object)\n"
+		"  --json            JSON output (with --once)\n"
+		"  --prometheus      print the Prometheus text exposition format once and exit\n"
+		"  --attach PID      load and attach the BPF programs to that running kvd (when the\n"
+		"                    daemon did not load them itself); detaches and unpins on exit\n"
+		"  --pin-dir DIR     where the maps are pinned (default /sys/fs/bpf/kvd)\n");
+}
+
+static int parse(int argc, char **argv, struct opts *o)
+{
+	enum { O_SOCKET = 256, O_INTERVAL, O_ONCE, O_JSON, O_PROM, O_ATTACH, O_PINDIR };
+	static const struct option lo[] = {
+		{ "socket", required_argument, NULL, O_SOCKET },
+		{ "interval", required_argument, NULL, O_INTERVAL },
+		{ "once", no_argument, NULL, O_ONCE },
+		{ "json", no_argument, NULL, O_JSON },
+		{ "prometheus", no_argument, NULL, O_PROM },
+		{ "attach", required_argument, NULL, O_ATTACH },
+		{ "pin-dir", required_argument, NULL, O_PINDIR },
+		{ "help", no_argument, NULL, 'h' },
+		{ 0 },
+	};
+	int c;
+	char *end;
+	o->interval = 1;
+	o->pin_dir = KVD_PIN_DIR;
+	while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+		switch (c) {
+		case O_SOCKET: o->socket = optarg; break;
+		case O_INTERVAL:
+			o->interval = strtod(optarg, &end);
+			if (*end || end == optarg || !(o->interval >= 0.05 && o->interval <= 3600)) {
+				fprintf(stderr, "kvtop: bad interval '%s' (0.05 to 3600 seconds)\n", optarg);
+				return -EINVAL;
+			}
+			break;
+		case O_ONCE: o->once = 1; break;
+		case O_JSON: o->json = 1; break;
+		case O_PROM: o->prometheus = 1; break;
+		case O_ATTACH: {
+			long v = strtol(optarg, &end, 10);
+			if (*end || end == optarg || v <= 0 || v > 0x7fffffff) {
+				fprintf(stderr, "kvtop: bad pid '%s'\n", optarg);
+				return -EINVAL;
+			}
+			o->attach = (pid_t)v;
+			break;
+		}
+		case O_PINDIR: o->pin_dir = optarg; break;
+		case 'h': usage(stdout); exit(0);
+		default: return -EINVAL;
+		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "kvtop: unexpected argument '%s'\n", argv[optind]);
+		return -EINVAL;
+	}
+	if (o->json && !o->once) {
+		fprintf(stderr, "kvtop: --json goes with --once\n");
+		return -EINVAL;
+	}
+	if (o->prometheus && o->json) {
+		fprintf(stderr, "kvtop: --json and --prometheus exclude each other\n");
+		return -EINVAL;
+	}
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	struct opts o = { 0 };
+	struct kvd_bpf *attached = NULL;
+	struct kvc_conn *conn = NULL;
+	int rc;
+	if (parse(argc, argv, &o)) {
+		usage(stderr);
+		return 2;
+	}
+	struct sigaction sa = { .sa_handler = on_signal };
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	sigaction(SIGHUP, &sa, NULL);
+	if (o.attach) {
+		char err[512];
+		if ((rc = kvd_bpf_load(&attached, o.attach, o.pin_dir, err, sizeof(err)))) {
+			fprintf(stderr, "kvtop: --attach %d: %s\n", (int)o.attach, err);
+			return 1;
+		}
+	}
+	rc = kvc_connect(&conn, o.socket);
+	if (rc && !o.once && !o.prometheus)
+		fprintf(stderr, "kvtop: cannot reach the daemon: %s (showing BPF maps only)\n", strerror(-rc));
+	struct snap *s = calloc(2, sizeof(*s));
+	if (!s) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	take(&s[0], conn, &o);
+	if (!s[0].have_bpf && !s[0].have_stats) {
+		fprintf(stderr, "kvtop: no BPF maps in %s and no daemon at %s\n", o.pin_dir,
+			o.socket ? o.socket : "the default socket");
+		rc = -ENOENT;
+		goto out;
+	}
+	rc = 0;
+	if (o.prometheus) {
+		print_prometheus(&s[0]);
+		goto out;
+	}
+	if (o.once) {
+		if (o.json)
+			print_json(&s[0], &o);
+		else
+			dashboard(&s[0], NULL, &o);
+		goto out;
+	}
+	dashboard(&s[0], NULL, &o);
+	fflush(stdout);
+	for (unsigned i = 1; !stop; i++) {
+		struct timespec ts = { (time_t)o.interval, (long)((o.interval - (time_t)o.interval) * 1e9) };
+		nanosleep(&ts, NULL);	/* a signal cuts it short */
+		if (stop)
+			break;
+		take(&s[i & 1], conn, &o);
+		dashboard(&s[i & 1], &s[(i - 1) & 1], &o);
+		fflush(stdout);
+	}
+	printf("\n");
+out:
+	free(s);
+	kvc_close(conn);
+	kvd_bpf_unload(attached);
+	return rc ? 1 : 0;
+}
