@@ -40,6 +40,7 @@ struct options {
 	struct sampler_params sp;
 	struct server_config srv;
 	const char *socket_group;
+	enum kb_kind backend;
 };
 
 static void usage(FILE *f)
@@ -81,6 +82,7 @@ static void usage(FILE *f)
 		"      --repeat-penalty R  penalise the last 64 tokens (1: off)\n"
 		"      --seed S            sampler seed (default 0)\n"
 		"  -t, --threads N         compute threads (default: all cores)\n"
+		"      --backend B         auto (default: cuda when a device is present), cpu, cuda\n"
 		"      --ctx N             context length (default: the model's)\n"
 		"      --kv-mem BYTES      KV-cache pool size (suffix K, M, G; default: 64k tokens)\n"
 		"      --kv-blocks N       KV-cache pool size in blocks (instead of --kv-mem)\n"
@@ -128,7 +130,7 @@ static int parse_args(int argc, char **argv, struct options *o)
 	enum { O_CHAT = 256, O_SYSTEM, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_REP, O_SEED, O_CTX, O_INFO,
 	       O_KVMEM, O_KVBLOCKS, O_KVBT, O_KVTYPE, O_PGLOBAL, O_SOCKET, O_SGROUP, O_MAXSESS,
 	       O_MAXSLOTS, O_MAXTOK, O_MAXINF, O_MAXBATCH, O_DRAIN, O_LOGLEVEL, O_UIDSESS,
-	       O_UIDINF, O_UIDARENA, O_NOPREFIX, O_KVQUOTA };
+	       O_UIDINF, O_UIDARENA, O_NOPREFIX, O_KVQUOTA, O_BACKEND };
 	static const struct option longopts[] = {
 		{ "model", required_argument, NULL, 'm' },
 		{ "prompt", required_argument, NULL, 'p' },
@@ -163,6 +165,7 @@ static int parse_args(int argc, char **argv, struct options *o)
 		{ "max-uid-arena", required_argument, NULL, O_UIDARENA },
 		{ "no-prefix-cache", no_argument, NULL, O_NOPREFIX },
 		{ "kv-quota", required_argument, NULL, O_KVQUOTA },
+		{ "backend", required_argument, NULL, O_BACKEND },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
@@ -210,6 +213,7 @@ static int parse_args(int argc, char **argv, struct options *o)
 		case O_UIDINF: rc = parse_num(optarg, 1, 1 << 24, &v); o->srv.max_uid_inflight = (uint32_t)v; break;
 		case O_UIDARENA: rc = parse_size(optarg, &o->srv.max_uid_arena); break;
 		case O_NOPREFIX: o->srv.no_prefix_cache = 1; break;
+		case O_BACKEND: rc = backend_parse(optarg, &o->backend); break;
 		case O_KVQUOTA: rc = parse_num(optarg, 1, 1u << 30, &v); o->srv.kv_quota = (uint32_t)v; break;
 		case O_LOGLEVEL:
 			rc = log_level_parse(optarg) < 0 ? -EINVAL : 0;
@@ -464,8 +468,8 @@ static int serve(struct options *o, struct model *m, struct backend *be, struct 
 		o->srv.socket_path = default_socket(path, sizeof(path));
 	rc = server_create(&srv, &o->srv, m, tok, be, pool);
 	if (!rc) {
-		log_msg(LOG_NOTICE, "model %s, %s backend (%u threads, %s kernels)", m->hp.name,
-			be->ops->name, be->n_threads, "cpu");
+		log_msg(LOG_NOTICE, "model %s, %s backend (%u threads)", m->hp.name,
+			be->ops->name, be->n_threads);
 		rc = server_run(srv);
 		server_destroy(srv);
 	}
@@ -474,7 +478,8 @@ static int serve(struct options *o, struct model *m, struct backend *be, struct 
 }
 
 /* The KV pool, reserved once: --kv-blocks, else --kv-mem, else 64k tokens. */
-static int make_pool(const struct options *o, const struct model *m, struct kvpool **out)
+static int make_pool(const struct options *o, const struct model *m, struct backend *be,
+		     struct kvpool **out)
 {
 	struct kvpool_config pc = {
 		.block_tokens = o->kv_block_tokens, .n_layers = m->hp.n_layers,
@@ -492,7 +497,7 @@ static int make_pool(const struct options *o, const struct model *m, struct kvpo
 		fprintf(stderr, "kvd: --kv-mem is smaller than one block (%zu bytes)\n", blk);
 		return -EINVAL;
 	}
-	int rc = kvpool_create(out, &pc);
+	int rc = kvpool_create_on(out, &pc, be);
 	if (rc) {
 		fprintf(stderr, "kvd: cannot reserve the KV pool (%u blocks of %zu bytes): %s\n",
 			pc.n_blocks, blk, strerror(-rc));
@@ -534,13 +539,15 @@ int main(int argc, char **argv)
 		pthread_sigmask(SIG_BLOCK, &set, NULL);
 	}
 	struct backend *be;
-	if ((rc = backend_cpu_create(&be, o.threads))) {
-		fprintf(stderr, "kvd: cpu backend: %s\n", strerror(-rc));
+	char why[512];
+	if ((rc = backend_create(&be, o.backend, o.threads, why, sizeof(why)))) {
+		log_msg(LOG_ERR, "%s: %s", why, strerror(-rc));
 		model_free(m);
 		return 1;
 	}
+	log_msg(LOG_NOTICE, "%s", why);
 	struct kvpool *pool;
-	if ((rc = make_pool(&o, m, &pool))) {
+	if ((rc = make_pool(&o, m, be, &pool))) {
 		be->ops->destroy(be);
 		model_free(m);
 		return 1;
