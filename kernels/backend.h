@@ -5,6 +5,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Weight element types; numbering matches GGUF/ggml so loaders pass it through. */
 enum kb_type {
 	KB_F32 = 0, KB_F16 = 1, KB_Q4_0 = 2, KB_Q4_1 = 3, KB_Q8_0 = 8,
@@ -216,4 +220,7 @@ int backend_cuda_devices(char *why, size_t whylen);
 /* Elements and bytes per block of a type; -EINVAL for an unknown type. */
 int kb_type_block(uint32_t type, uint32_t *blk_elems, uint32_t *blk_bytes);
 
+#ifdef __cplusplus
+}
+#endif
 #endif
