@@ -103,8 +103,10 @@ static int cu_matmul_multi(struct backend *b, float *const *y, const struct kb_w
 	const uint32_t cols = w[0]->cols;
 	for (uint32_t i = 0; i < count; i++) {
 		uint32_t blk;
-		if (w[i]->cols != cols || kb_type_block(w[i]->type, &blk, NULL) || cols % 32)
-			return w[i]->cols != cols || cols % 32 ? -EINVAL : -ENOTSUP;
+		if (kb_type_block(w[i]->type, &blk, NULL))
+			return -ENOTSUP;
+		if (w[i]->cols != cols || cols % 32 || cols % blk)
+			return -EINVAL;
 	}
 	if (!cuda_plan_use_gemm(n, w[0]->type)) {
 		for (uint32_t i = 0; i < count; i++) {
