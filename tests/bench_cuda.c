@@ -402,7 +402,7 @@ static void rand_ids(uint32_t *ids, uint32_t n, uint32_t vocab, uint64_t seed)
 #define DEC_PROMPT 64
 #define DEC_STEPS 64
 
-static int bench_model(void)
+static int bench_model(const char *mode)
 {
 	const char *path = getenv("KVD_MODEL");
 	char err[256];
@@ -425,7 +425,7 @@ static int bench_model(void)
 	struct engine_row *rows = calloc(MAX_ROWS, sizeof(*rows));
 	struct engine_seq *seqs = calloc(256, sizeof(*seqs));
 	uint32_t *ids = malloc(MAX_ROWS * sizeof(uint32_t)), out[256];
-	printf("| %-34s | %12s | %8s |\n", m->hp.name, "tok/s", "target");
+	printf("| %-34s | %12s | %8s |\n", mode, "tok/s", "target");
 	printf("|------------------------------------|--------------|----------|\n");
 	static const uint32_t plen[] = { 512, 4096 };
 	for (int k = 0; k < 2; k++) {
@@ -501,7 +501,14 @@ int main(void)
 	bench_rows();
 	bench_attention();
 	printf("\n");
-	int rc = bench_model();
+	int rc = bench_model("model, CUDA graphs on");
 	G->ops->destroy(G);
+	/* The same without recording steps: graphs must earn their place. */
+	setenv("KVD_CUDA_GRAPHS", "0", 1);
+	if (!rc && !backend_cuda_create(&G, 0, why, sizeof(why))) {
+		printf("\n");
+		rc = bench_model("model, CUDA graphs off");
+		G->ops->destroy(G);
+	}
 	return rc;
 }

@@ -14,6 +14,7 @@
 #include "daemon/kvpool.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/quant.h"
+#include "kernels/cuda/hostcheck.h"
 #include "kernels/cuda/plan.h"
 #include "tests/devsim.h"
 
@@ -371,6 +372,43 @@ static void test_matmul(void **state)
 	}
 }
 
+/*
+ * The kernels' block decoder, compiled for the host, against the CPU's
+ * dequantize_row: the same operations in the same order, so the same
+ * values (up to the sign of a zero).
+ * Needs nvcc at build time, not a GPU.
+ */
+static void test_decoder_on_host(void **state)
+{
+	(void)state;
+#ifdef KVD_HAVE_CUDA
+	const uint32_t cols = 768;
+	rng_s = 5;
+	for (size_t t = 0; t < sizeof(mm_types) / sizeof(mm_types[0]); t++) {
+		size_t rb;
+		uint8_t *w = rand_weight(mm_types[t], 3, cols, &rb);
+		float want[768], got[32];
+		for (uint32_t r = 0; r < 3; r++) {
+			assert_int_equal(dequantize_row(mm_types[t], w + r * rb, want, cols), 0);
+			for (uint32_t k = 0; k < cols / 32; k++) {
+				assert_int_equal(cuda_host_deq32(mm_types[t], w + r * rb, k, got), 0);
+				for (int i = 0; i < 32; i++)
+					if (got[i] != want[32 * k + i])	/* == : -0 and +0 agree */
+						fail_msg("type %u row %u element %u: the kernels' decoder gives %a, dequantize_row %a",
+							 mm_types[t], r, 32 * k + i, (double)got[i],
+							 (double)want[32 * k + i]);
+			}
+		}
+		free(w);
+	}
+	float out[32];
+	assert_int_equal(cuda_host_deq32(KB_Q4_0 + 1000, out, 0, out), -ENOTSUP);
+#else
+	printf("skipped: built without nvcc, the decoder is not compiled\n");
+	skip();
+#endif
+}
+
 /* ---- row ops ---- */
 
 static void test_row_ops(void **state)
@@ -705,6 +743,7 @@ int main(void)
 		cmocka_unit_test(test_plan_attention),
 		cmocka_unit_test(test_backend_choose),
 		cmocka_unit_test(test_backend_create),
+		cmocka_unit_test(test_decoder_on_host),
 		cmocka_unit_test(test_matmul),
 		cmocka_unit_test(test_row_ops),
 		cmocka_unit_test(test_attention),

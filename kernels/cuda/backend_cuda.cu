@@ -39,6 +39,7 @@ struct cuda_backend {
 	uint32_t *h_meta;	/* host side of meta */
 	size_t h_meta_cap;
 	/* CUDA graphs: a step whose shape key repeats the previous one is recorded and replayed. */
+	int graphs;		/* 0 when KVD_CUDA_GRAPHS=0: every step runs unrecorded */
 	uint64_t last_key;
 	int capturing;
 	cudaGraphExec_t exec;
@@ -389,7 +390,7 @@ static void cu_unimport(struct backend *b, const void *p)
 static int cu_step_begin(struct backend *b, uint64_t key)
 {
 	struct cuda_backend *cb = CU(b);
-	int repeat = key && key == cb->last_key;
+	int repeat = cb->graphs && key && key == cb->last_key;
 	if (key)
 		cb->last_key = key;
 	if (!repeat)
@@ -564,6 +565,11 @@ extern "C" int backend_cuda_create(struct backend **out, int dev, char *why, siz
 		rc = -EIO;
 		goto err;
 	}
+	/*
+	 * Recording a step costs host time that plain launches overlap with
+	 * the device's work; KVD_CUDA_GRAPHS=0 turns recording off to compare.
+	 */
+	cb->graphs = !(getenv("KVD_CUDA_GRAPHS") && !strcmp(getenv("KVD_CUDA_GRAPHS"), "0"));
 	cb->base.ops = &cuda_ops;
 	cb->base.n_threads = 1;
 	cb->base.host_mem = 0;

@@ -7,6 +7,7 @@
 #include <cuda_bf16.h>
 #include <errno.h>
 #include <stdint.h>
+#include <string.h>
 #include "kernels/backend.h"
 
 /* Log a failed CUDA call (the call, file, line and the runtime's words); returns -EIO. */
@@ -34,12 +35,20 @@ struct __align__(2) dq6_k { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; 
 static_assert(sizeof(dq4_0) == 18 && sizeof(dq4_1) == 20 && sizeof(dq8_0) == 34 &&
 	      sizeof(dq4_k) == 144 && sizeof(dq6_k) == 210, "GGUF block sizes");
 
-__device__ __forceinline__ float h2f(uint16_t h)
+/* The block decoders also compile for the host, where tests check them against the CPU's. */
+#define KB_HD __host__ __device__ __forceinline__
+#ifdef __CUDA_ARCH__
+#define KB_UNROLL _Pragma("unroll")
+#else
+#define KB_UNROLL
+#endif
+
+KB_HD float h2f(uint16_t h)
 {
 	return __half2float(__ushort_as_half(h));
 }
 
-__device__ __forceinline__ uint16_t f2h(float f)
+KB_HD uint16_t f2h(float f)
 {
 	return __half_as_ushort(__float2half_rn(f));
 }
@@ -59,7 +68,7 @@ __device__ __forceinline__ float warp_max(float v)
 }
 
 /* Four bytes from an address that is only 2-byte aligned (Q8_0 and Q6_K blocks). */
-__device__ __forceinline__ uint32_t ld_u32_a2(const uint8_t *p)
+KB_HD uint32_t ld_u32_a2(const uint8_t *p)
 {
 	const uint16_t *h = (const uint16_t *)p;
 	return (uint32_t)h[0] | (uint32_t)h[1] << 16;
@@ -71,31 +80,42 @@ __device__ __forceinline__ uint32_t ld_u32_a2(const uint8_t *p)
  * embedding paths share, so all agree with each other and with the CPU's
  * dequantize_row() up to f32 rounding.
  */
+KB_HD float bits_f32(uint32_t u)
+{
+#ifdef __CUDA_ARCH__
+	return __uint_as_float(u);
+#else
+	float f;
+	memcpy(&f, &u, sizeof(f));
+	return f;
+#endif
+}
+
 template <int T>
-__device__ __forceinline__ void deq32(const uint8_t *row, uint32_t k, float v[32])
+KB_HD void deq32(const uint8_t *row, uint32_t k, float v[32])
 {
 	if (T == KB_F32) {
 		const float4 *p = (const float4 *)(row + (size_t)k * 128);
-#pragma unroll
+KB_UNROLL
 		for (int i = 0; i < 8; i++) {
 			float4 f = p[i];
 			v[4 * i] = f.x, v[4 * i + 1] = f.y, v[4 * i + 2] = f.z, v[4 * i + 3] = f.w;
 		}
 	} else if (T == KB_F16 || T == KB_BF16) {
 		const uint4 *p = (const uint4 *)(row + (size_t)k * 64);
-#pragma unroll
+KB_UNROLL
 		for (int i = 0; i < 4; i++) {
 			uint4 u = p[i];
 			uint32_t w[4] = { u.x, u.y, u.z, u.w };
-#pragma unroll
+KB_UNROLL
 			for (int j = 0; j < 4; j++) {
 				uint16_t lo = (uint16_t)(w[j] & 0xffff), hi = (uint16_t)(w[j] >> 16);
 				if (T == KB_F16) {
 					v[8 * i + 2 * j] = h2f(lo);
 					v[8 * i + 2 * j + 1] = h2f(hi);
 				} else {
-					v[8 * i + 2 * j] = __uint_as_float((uint32_t)lo << 16);
-					v[8 * i + 2 * j + 1] = __uint_as_float((uint32_t)hi << 16);
+					v[8 * i + 2 * j] = bits_f32((uint32_t)lo << 16);
+					v[8 * i + 2 * j + 1] = bits_f32((uint32_t)hi << 16);
 				}
 			}
 		}
@@ -108,17 +128,17 @@ __device__ __forceinline__ void deq32(const uint8_t *row, uint32_t k, float v[32
 			uint32_t dm = w[0];
 			d = h2f((uint16_t)(dm & 0xffff));
 			m = h2f((uint16_t)(dm >> 16));
-#pragma unroll
+KB_UNROLL
 			for (int i = 0; i < 4; i++)
 				q[i] = w[1 + i];
 		} else {
 			d = h2f(*(const uint16_t *)b);
 			m = -8.0f * d;
-#pragma unroll
+KB_UNROLL
 			for (int i = 0; i < 4; i++)
 				q[i] = ld_u32_a2(b + 2 + 4 * i);
 		}
-#pragma unroll
+KB_UNROLL
 		for (int i = 0; i < 16; i++) {
 			uint32_t byte = (q[i / 4] >> (8 * (i % 4))) & 0xff;
 			v[i] = d * (float)(byte & 0xf) + m;
@@ -127,10 +147,10 @@ __device__ __forceinline__ void deq32(const uint8_t *row, uint32_t k, float v[32
 	} else if (T == KB_Q8_0) {
 		const uint8_t *b = row + (size_t)k * 34;
 		float d = h2f(*(const uint16_t *)b);
-#pragma unroll
+KB_UNROLL
 		for (int i = 0; i < 8; i++) {
 			uint32_t w = ld_u32_a2(b + 2 + 4 * i);
-#pragma unroll
+KB_UNROLL
 			for (int j = 0; j < 4; j++)
 				v[4 * i + j] = d * (float)(int8_t)((w >> (8 * j)) & 0xff);
 		}
@@ -149,10 +169,10 @@ __device__ __forceinline__ void deq32(const uint8_t *row, uint32_t k, float v[32
 		float d = h2f(b->d) * (float)sc, m = -(h2f(b->dmin) * (float)mn);
 		const uint32_t *q = (const uint32_t *)(b->qs + 32 * (sub / 2));
 		int shift = (sub & 1) * 4;
-#pragma unroll
+KB_UNROLL
 		for (int i = 0; i < 8; i++) {
 			uint32_t w = q[i];
-#pragma unroll
+KB_UNROLL
 			for (int j = 0; j < 4; j++)
 				v[4 * i + j] = d * (float)((w >> (8 * j + shift)) & 0xf) + m;
 		}
@@ -165,10 +185,10 @@ __device__ __forceinline__ void deq32(const uint8_t *row, uint32_t k, float v[32
 		float d = h2f(b->d);
 		float d0 = d * (float)sc[0], d1 = d * (float)sc[1];
 		int lshift = (g & 2) ? 4 : 0, hshift = 2 * g;
-#pragma unroll
+KB_UNROLL
 		for (int i = 0; i < 8; i++) {
 			uint32_t l = ld_u32_a2(ql + 4 * i), h = ld_u32_a2(qh + 4 * i);
-#pragma unroll
+KB_UNROLL
 			for (int j = 0; j < 4; j++) {
 				int lo = (int)((l >> (8 * j + lshift)) & 0xf);
 				int hi = (int)((h >> (8 * j + hshift)) & 3);

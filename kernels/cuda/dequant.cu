@@ -1,6 +1,7 @@
 /* dequant.cu — GGUF weight rows to f16 for the GEMM path and to f32 for the embedding lookup. */
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/dequant.cuh"
+#include "kernels/cuda/hostcheck.h"
 #include "kernels/cuda/plan.h"
 
 /* One thread per 32-element sub-block: 64 bytes of f16 out in four 16-byte stores. */
@@ -91,5 +92,13 @@ int cuda_f32_to_f16(cudaStream_t s, void *out, const float *x, size_t n)
 		return 0;
 	f32_to_f16_kernel<<<cuda_plan_blocks(n, 256, 65535), 256, 0, s>>>((__half *)out, x, n);
 	CK_LAUNCH("f32_to_f16");
+	return 0;
+}
+
+extern "C" int cuda_host_deq32(uint32_t type, const void *row, uint32_t k, float *out)
+{
+#define HD_CALL(T) deq32<T>((const uint8_t *)row, k, out)
+	KB_DISPATCH_TYPE(type, HD_CALL)
+#undef HD_CALL
 	return 0;
 }
