@@ -56,9 +56,18 @@ size_t engine_scratch_bytes(const struct engine *e);
  * below it rewrites the sequence from there on). K/V of every row is
  * cached; logits (n_want, vocab) receive, in row order, the logits of rows
  * with want_logits. Returns 0 or -errno (-ERANGE token or position out of
- * range, -EINVAL malformed batch, -ENOSPC KV pool full); on error no
- * sequence grows.
+ * range, -EINVAL malformed batch, -ENOSPC KV pool full, -EIO device
+ * failure); on error no sequence grows. logits may be NULL (see
+ * engine_argmax).
  */
 int engine_forward(struct engine *e, const struct engine_row *rows, uint32_t n, float *logits);
+
+/*
+ * Greedy tokens of the last successful engine_forward: ids (n_want,) = the
+ * argmax of each logits row, computed where the logits are (on a device
+ * only the ids come back, so engine_forward may be given logits NULL).
+ * The lowest id wins a tie. -ENODATA when the last call produced none.
+ */
+int engine_argmax(struct engine *e, uint32_t *ids);
 
 #endif

@@ -39,6 +39,7 @@ struct kvpool {
 	size_t block_bytes;	/* n_layers * 2 * block_tokens * row_bytes */
 	size_t pool_bytes;	/* n_blocks * block_bytes */
 	uint8_t *base;		/* (n_blocks, n_layers, 2, block_tokens, row_bytes) */
+	struct backend *be;	/* owns base when it is device memory; NULL: host mapping */
 
 	uint32_t *refcount;	/* (n_blocks,) */
 	uint64_t *key;		/* (n_blocks,) meaningful where registered */
@@ -221,7 +222,9 @@ void kvpool_destroy(struct kvpool *p)
 {
 	if (!p)
 		return;
-	if (p->base)
+	if (p->base && p->be)
+		p->be->ops->buf_free(p->be, p->base);
+	else if (p->base)
 		munmap(p->base, p->pool_bytes);
 	free(p->refcount);
 	free(p->key);
@@ -233,6 +236,16 @@ void kvpool_destroy(struct kvpool *p)
 }
 
 int kvpool_create(struct kvpool **out, const struct kvpool_config *cfg)
+{
+	return kvpool_create_on(out, cfg, NULL);
+}
+
+struct backend *kvpool_backend(const struct kvpool *p)
+{
+	return p->be;
+}
+
+int kvpool_create_on(struct kvpool **out, const struct kvpool_config *cfg, struct backend *be)
 {
 	struct kvpool *p;
 	size_t row, block, total;
@@ -261,6 +274,15 @@ int kvpool_create(struct kvpool **out, const struct kvpool_config *cfg)
 	p->block_bytes = block;
 	p->pool_bytes = total;
 
+	if (be && !be->host_mem) {
+		/* Device memory, allocated once; only the backend reads and writes it. */
+		void *d;
+		if (be->ops->buf_alloc(be, &d, total))
+			goto err;
+		p->be = be;
+		p->base = d;
+		goto tables;
+	}
 	/*
 	 * One mapping for the whole pool: page aligned (so every block start is
 	 * 64-byte aligned whenever block_bytes is, and rows stay naturally
@@ -273,6 +295,7 @@ int kvpool_create(struct kvpool **out, const struct kvpool_config *cfg)
 	p->base = m;
 	if (total >= (2u << 20))
 		madvise(m, total, MADV_HUGEPAGE);	/* best effort: fewer TLB misses in attention */
+tables:;
 
 	size_t n = cfg->n_blocks;
 	p->refcount = calloc(n, sizeof(*p->refcount));
@@ -609,7 +632,16 @@ int kvseq_prepare(struct kvpool *p, struct kvseq *s, uint32_t from, uint32_t to)
 
 		if (kvpool_alloc(p, &id))
 			return -ENOSPC;	/* unreachable after the count above */
-		memcpy(kvpool_block(p, id), kvpool_block(p, old), p->block_bytes);
+		if (p->be) {
+			r = p->be->ops->copy(p->be, kvpool_block(p, id), kvpool_block(p, old),
+					     p->block_bytes);
+			if (r) {
+				kvpool_unref(p, id);
+				return r;
+			}
+		} else {
+			memcpy(kvpool_block(p, id), kvpool_block(p, old), p->block_bytes);
+		}
 		s->blocks[cow] = id;
 		kvpool_unref(p, old);
 		p->st.cow_copies++;

@@ -62,6 +62,16 @@ struct kvpool;
  * -EINVAL (bad config, or a size that overflows size_t) or -ENOMEM.
  */
 int kvpool_create(struct kvpool **out, const struct kvpool_config *cfg);
+/*
+ * The same, with the blocks in be's memory when be keeps its buffers on a
+ * device (allocated once through be, never managed memory; copy-on-write
+ * copies go through be too). be NULL or a host-memory backend: as
+ * kvpool_create. be must outlive the pool.
+ */
+struct backend;
+int kvpool_create_on(struct kvpool **out, const struct kvpool_config *cfg, struct backend *be);
+/* The backend holding the blocks, or NULL for host memory. */
+struct backend *kvpool_backend(const struct kvpool *p);
 void kvpool_destroy(struct kvpool *p);
 
 /* Bytes of one row (one position, one layer, K or V) and of one block. */

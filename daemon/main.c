@@ -288,8 +288,8 @@ static int serve(struct kvd_options *o, struct model *m, struct backend *be, str
 	if (!rc)
 		rc = server_create(&srv, &o->srv, m, tok, be, pool);
 	if (!rc) {
-		log_msg(LOG_NOTICE, "model %s, %s backend (%u threads, %s kernels)", m->hp.name,
-			be->ops->name, be->n_threads, "cpu");
+		log_msg(LOG_NOTICE, "model %s, %s backend (%u threads)", m->hp.name,
+			be->ops->name, be->n_threads);
 		rc = server_run(srv);
 		server_destroy(srv);
 	}
@@ -299,7 +299,8 @@ static int serve(struct kvd_options *o, struct model *m, struct backend *be, str
 }
 
 /* The KV pool, reserved once: --kv-blocks, else --kv-mem, else 64k tokens. */
-static int make_pool(const struct kvd_options *o, const struct model *m, struct kvpool **out)
+static int make_pool(const struct kvd_options *o, const struct model *m, struct backend *be,
+		     struct kvpool **out)
 {
 	struct kvpool_config pc = {
 		.block_tokens = o->kv_block_tokens, .n_layers = m->hp.n_layers,
@@ -317,7 +318,7 @@ static int make_pool(const struct kvd_options *o, const struct model *m, struct 
 		log_msg(LOG_ERR, "kv-mem is smaller than one block (%zu bytes)", blk);
 		return -EINVAL;
 	}
-	int rc = kvpool_create(out, &pc);
+	int rc = kvpool_create_on(out, &pc, be);
 	if (rc) {
 		log_msg(LOG_ERR, "cannot reserve the KV pool (%u blocks of %zu bytes): %s",
 			pc.n_blocks, blk, strerror(-rc));
@@ -332,18 +333,6 @@ static int make_pool(const struct kvd_options *o, const struct model *m, struct 
 }
 
 /* The compute backend: --backend auto and cpu get the CPU one until a CUDA backend exists. */
-static int open_backend(const struct kvd_options *o, struct backend **be)
-{
-	if (o->backend == CONFIG_BACKEND_CUDA) {
-		log_msg(LOG_ERR, "backend = cuda: this kvd has no CUDA backend");
-		return -ENODEV;
-	}
-	int rc = backend_cpu_create(be, o->threads);
-	if (rc)
-		log_msg(LOG_ERR, "cpu backend: %s", strerror(-rc));
-	return rc;
-}
-
 int main(int argc, char **argv)
 {
 	struct kvd_options o;
@@ -391,15 +380,21 @@ int main(int argc, char **argv)
 		return 0;
 	}
 	struct backend *be;
-	if ((rc = open_backend(&o, &be))) {
+	char why[512];
+	static const enum kb_kind kinds[] = { [CONFIG_BACKEND_AUTO] = KB_BACKEND_AUTO,
+					      [CONFIG_BACKEND_CPU] = KB_BACKEND_CPU,
+					      [CONFIG_BACKEND_CUDA] = KB_BACKEND_CUDA };
+	if ((rc = backend_create(&be, kinds[o.backend], o.threads, why, sizeof(why)))) {
+		log_msg(LOG_ERR, "%s: %s", why, strerror(-rc));
 		model_free(m);
 		config_free(&o);
 		return 1;
 	}
+	log_msg(LOG_NOTICE, "%s", why);
 	struct kvpool *pool;
 	if (daemon)
 		service_notify("STATUS=reserving the KV pool");
-	if ((rc = make_pool(&o, m, &pool))) {
+	if ((rc = make_pool(&o, m, be, &pool))) {
 		be->ops->destroy(be);
 		model_free(m);
 		config_free(&o);

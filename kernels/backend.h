@@ -5,6 +5,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Weight element types; numbering matches GGUF/ggml so loaders pass it through. */
 enum kb_type {
 	KB_F32 = 0, KB_F16 = 1, KB_Q4_0 = 2, KB_Q4_1 = 3, KB_Q8_0 = 8,
@@ -46,6 +50,33 @@ static inline uint8_t *kb_kv_row(const struct kb_kv_view *kv, int which, uint32_
 	return kv->base + (size_t)kv->blocks[p >> shift] * kv->block_bytes +
 	       (which ? kv->v_off : kv->k_off) + (size_t)(p & (kv->block_tokens - 1)) * kv->row_bytes;
 }
+
+/*
+ * One layer's K/V for a batch of rows from any number of sequences. Row r
+ * reads and writes through its own block table, tables[tab_off[r]] ..
+ * [tab_off[r] + tab_len[r] - 1]; geo gives the pool and the block geometry
+ * (its blocks and n_blocks are unused). tables, tab_off, tab_len and tiles
+ * are backend buffers; the h_ pointers hold the same values in host memory
+ * for launch decisions (on the CPU both are the same arrays).
+ *
+ * Tiles cut the rows into runs of at most KB_TILE_ROWS consecutive
+ * positions of one sequence, (n_tiles, 2) = {first row, rows}: a device
+ * backend loads each K/V tile once for all of a tile's queries.
+ */
+#define KB_TILE_ROWS 16
+
+struct kb_kv_rows {
+	struct kb_kv_view geo;
+	const uint32_t *tables;		/* block ids of every row's sequence, concatenated */
+	const uint32_t *tab_off;	/* (n,) */
+	const uint32_t *tab_len;	/* (n,) blocks in row r's table */
+	const uint32_t *tiles;		/* (n_tiles, 2) */
+	const uint32_t *h_tab_off;	/* host copies of the above */
+	const uint32_t *h_tab_len;
+	const uint32_t *h_tiles;
+	const uint32_t *h_pos;		/* (n,) positions, host copy of the op's pos */
+	uint32_t n_tiles;
+};
 
 struct kb_attn_shape {
 	uint32_t n_heads;	/* query heads */
@@ -108,17 +139,88 @@ struct backend_ops {
 	int (*attention)(struct backend *b, float *out, const float *q,
 			 const struct kb_kv_view *kv, const uint32_t *pos, uint32_t n,
 			 const struct kb_attn_shape *shape);
+	/* write_kv and attention for rows of many sequences at once (see kb_kv_rows). */
+	int (*write_kv_rows)(struct backend *b, const struct kb_kv_rows *kv, const uint32_t *pos,
+			     uint32_t n, uint32_t kv_dim, const float *k, const float *v);
+	int (*attention_rows)(struct backend *b, float *out, const float *q,
+			      const struct kb_kv_rows *kv, const uint32_t *pos, uint32_t n,
+			      const struct kb_attn_shape *shape);
+	/* x (n, dim) += y, then out (n, dim) = rmsnorm(x) * g: add and rmsnorm in one pass. */
+	int (*add_rmsnorm)(struct backend *b, float *out, float *x, const float *y, const float *g,
+			   uint32_t n, uint32_t dim, float eps);
+	/* ids (n,) in host memory = the index of each row's largest x (n, dim); the lowest index wins ties. */
+	int (*argmax)(struct backend *b, uint32_t *ids, const float *x, uint32_t n, uint32_t dim);
+
+	/*
+	 * Backend buffers: every pointer the operations above take is one (or
+	 * points into one). On the CPU they are host memory; on a device they
+	 * are device memory and the host must not touch them. Transfers run in
+	 * the backend's stream order; download returns with dst filled.
+	 */
+	int (*buf_alloc)(struct backend *b, void **out, size_t bytes);
+	void (*buf_free)(struct backend *b, void *p);
+	int (*upload)(struct backend *b, void *dst, const void *src, size_t bytes);
+	int (*download)(struct backend *b, void *dst, const void *src, size_t bytes);
+	int (*copy)(struct backend *b, void *dst, const void *src, size_t bytes);
+	/*
+	 * src (host, unchanged for the backend's life: the model mapping) as a
+	 * backend buffer: the CPU hands back src itself, a device copies it
+	 * once. Undo with unimport.
+	 */
+	int (*import)(struct backend *b, const void **out, const void *src, size_t bytes);
+	void (*unimport)(struct backend *b, const void *p);
+
+	/*
+	 * Optional (NULL on the CPU): bracket the operations of one forward
+	 * step. A device backend may record them instead of running them and
+	 * replay the recording at step_end (CUDA graphs) when shape_key
+	 * repeats; shape_key 0 asks for plain execution. step_end receives the
+	 * step's status and returns the final one: -EAGAIN means the recording
+	 * could not be made and the step must be run again with key 0.
+	 */
+	int (*step_begin)(struct backend *b, uint64_t shape_key);
+	int (*step_end)(struct backend *b, int rc);
 };
 
 struct backend {
 	const struct backend_ops *ops;
 	uint32_t n_threads;
+	int host_mem;		/* 1: backend buffers are host memory, host pointers may be passed */
 };
 
 /* The CPU backend: n_threads 0 = one per online core. */
 int backend_cpu_create(struct backend **out, uint32_t n_threads);
 
+/*
+ * The CUDA backend on device dev. -ENODEV when there is no usable device,
+ * -ENOSYS when kvd was built without CUDA; why receives the reason.
+ */
+int backend_cuda_create(struct backend **out, int dev, char *why, size_t whylen);
+
+enum kb_kind { KB_BACKEND_AUTO, KB_BACKEND_CPU, KB_BACKEND_CUDA };
+
+/* "auto", "cpu" or "cuda" to kind; -EINVAL for anything else. */
+int backend_parse(const char *name, enum kb_kind *out);
+/*
+ * What a request becomes: auto picks CUDA when it is built in and a device
+ * is present, else the CPU; cuda stays cuda (and then fails without one).
+ * why receives the reason in words.
+ */
+enum kb_kind backend_choose(enum kb_kind want, int cuda_built, int n_devices, char *why,
+			    size_t whylen);
+/*
+ * Create the backend want asks for (see backend_choose); why receives
+ * which one and why. -ENODEV when cuda was demanded and none is usable.
+ */
+int backend_create(struct backend **out, enum kb_kind want, uint32_t n_threads, char *why,
+		   size_t whylen);
+/* Devices the CUDA runtime sees (0 without one, or when built without CUDA). */
+int backend_cuda_devices(char *why, size_t whylen);
+
 /* Elements and bytes per block of a type; -EINVAL for an unknown type. */
 int kb_type_block(uint32_t type, uint32_t *blk_elems, uint32_t *blk_bytes);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

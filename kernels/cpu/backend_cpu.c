@@ -164,6 +164,7 @@ struct row_job {
 	const uint32_t *ids;
 	const struct kb_weight *w;
 	const struct kb_kv_view *kv;
+	const struct kb_kv_rows *kvr;
 	const struct kb_attn_shape *shape;
 	struct cpu_backend *cb;
 	uint32_t dim;
@@ -369,6 +370,126 @@ static int cpu_attention(struct backend *b, float *out, const float *q,
 	return j.failed ? -ENOMEM : 0;
 }
 
+/* Row r's own view of a batch's K/V: the geometry with its sequence's block table. */
+static struct kb_kv_view row_view(const struct kb_kv_rows *kv, uint32_t r)
+{
+	struct kb_kv_view v = kv->geo;
+	v.blocks = kv->tables + kv->tab_off[r];
+	v.n_blocks = kv->tab_len[r];
+	return v;
+}
+
+static int cpu_write_kv_rows(struct backend *b, const struct kb_kv_rows *kv, const uint32_t *pos,
+			     uint32_t n, uint32_t kv_dim, const float *k, const float *v)
+{
+	for (uint32_t r = 0; r < n; r++) {
+		struct kb_kv_view rv = row_view(kv, r);
+		int rc = cpu_write_kv(b, &rv, pos + r, 1, kv_dim, k + (size_t)r * kv_dim,
+				      v + (size_t)r * kv_dim);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+static void attention_rows_task(void *ctx, uint32_t t)
+{
+	struct row_job *j = ctx;
+	const struct kb_attn_shape *sh = j->shape;
+	uint32_t r = t / sh->n_kv_heads, kvh = t % sh->n_kv_heads;
+	size_t qoff = (size_t)r * sh->n_heads * sh->head_dim +
+		      (size_t)kvh * (sh->n_heads / sh->n_kv_heads) * sh->head_dim;
+	struct kb_kv_view rv = row_view(j->kvr, r);
+	if (ops_attention_group(j->out + qoff, j->x + qoff, &rv, j->pos[r], kvh, sh))
+		__atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
+}
+
+/* Every row's query groups in one parallel pass; each is exactly what attention() computes. */
+static int cpu_attention_rows(struct backend *b, float *out, const float *q,
+			      const struct kb_kv_rows *kv, const uint32_t *pos, uint32_t n,
+			      const struct kb_attn_shape *shape)
+{
+	if (shape->n_kv_heads == 0 || shape->n_heads % shape->n_kv_heads ||
+	    shape->n_heads / shape->n_kv_heads > 16 || shape->head_dim > 256)
+		return -EINVAL;
+	int rc = kv_view_ok(&kv->geo, shape->n_kv_heads * shape->head_dim);
+	if (rc)
+		return rc;
+	if (kv->geo.type == KB_Q8_0 && shape->head_dim % QK)
+		return -EINVAL;
+	for (uint32_t r = 0; r < n; r++)
+		if (pos[r] >= kv->tab_len[r] * kv->geo.block_tokens)
+			return -ERANGE;
+	struct row_job j = { .out = out, .x = q, .kvr = kv, .pos = pos, .shape = shape };
+	threadpool_run(CPU(b)->tp, attention_rows_task, &j, n * shape->n_kv_heads);
+	return j.failed ? -ENOMEM : 0;
+}
+
+/* Exactly add() then rmsnorm(): the CPU gains nothing from fusing the two. */
+static int cpu_add_rmsnorm(struct backend *b, float *out, float *x, const float *y,
+			   const float *g, uint32_t n, uint32_t dim, float eps)
+{
+	int rc = cpu_add(b, x, y, n, dim);
+	return rc ? rc : cpu_rmsnorm(b, out, x, g, n, dim, eps);
+}
+
+static int cpu_argmax(struct backend *b, uint32_t *ids, const float *x, uint32_t n, uint32_t dim)
+{
+	(void)b;
+	if (dim == 0)
+		return -EINVAL;
+	for (uint32_t r = 0; r < n; r++) {
+		const float *row = x + (size_t)r * dim;
+		uint32_t best = 0;
+		for (uint32_t i = 1; i < dim; i++)
+			if (row[i] > row[best])
+				best = i;
+		ids[r] = best;
+	}
+	return 0;
+}
+
+/* ---- memory: backend buffers are plain host memory ---- */
+
+static int cpu_buf_alloc(struct backend *b, void **out, size_t bytes)
+{
+	(void)b;
+	/* 64-byte aligned, like the device's allocations are (and more) */
+	void *p = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+	if (!p)
+		return -ENOMEM;
+	*out = p;
+	return 0;
+}
+
+static void cpu_buf_free(struct backend *b, void *p)
+{
+	(void)b;
+	free(p);
+}
+
+static int cpu_memcpy(struct backend *b, void *dst, const void *src, size_t bytes)
+{
+	(void)b;
+	if (bytes)
+		memmove(dst, src, bytes);
+	return 0;
+}
+
+static int cpu_import(struct backend *b, const void **out, const void *src, size_t bytes)
+{
+	(void)b;
+	(void)bytes;
+	*out = src;
+	return 0;
+}
+
+static void cpu_unimport(struct backend *b, const void *p)
+{
+	(void)b;
+	(void)p;
+}
+
 static void cpu_destroy(struct backend *b)
 {
 	struct cpu_backend *cb = CPU(b);
@@ -393,6 +514,17 @@ static const struct backend_ops cpu_ops = {
 	.add = cpu_add,
 	.write_kv = cpu_write_kv,
 	.attention = cpu_attention,
+	.write_kv_rows = cpu_write_kv_rows,
+	.attention_rows = cpu_attention_rows,
+	.add_rmsnorm = cpu_add_rmsnorm,
+	.argmax = cpu_argmax,
+	.buf_alloc = cpu_buf_alloc,
+	.buf_free = cpu_buf_free,
+	.upload = cpu_memcpy,
+	.download = cpu_memcpy,
+	.copy = cpu_memcpy,
+	.import = cpu_import,
+	.unimport = cpu_unimport,
 };
 
 int backend_cpu_create(struct backend **out, uint32_t n_threads)
@@ -411,6 +543,7 @@ int backend_cpu_create(struct backend **out, uint32_t n_threads)
 	}
 	cb->base.ops = &cpu_ops;
 	cb->base.n_threads = n_threads;
+	cb->base.host_mem = 1;
 	*out = &cb->base;
 	return 0;
 }

@@ -1,0 +1,81 @@
+#!/bin/sh
+# check.sh — the GPU check in one go: build with CUDA, run the CUDA tests,
+# compute-sanitizer memcheck on a short generation, and the benchmark table.
+# Meant for one GPU and under 8 minutes; every step has its own time limit.
+# Usage: sh tests/gpu/check.sh   (from anywhere; KVD_MODEL names the model)
+set -u
+cd "$(dirname "$0")/../.." || exit 1
+: "${KVD_MODEL:=models/SmolLM2-135M-Instruct.Q4_1.gguf}"
+export KVD_MODEL
+jobs=$(nproc 2>/dev/null || echo 2)
+status=0
+t_start=$(date +%s)
+
+step() {
+	echo
+	echo "=== $1 ($(($(date +%s) - t_start)) s)"
+}
+
+# run LIMIT NAME CMD...: a failure or a timeout marks the check failed, the next step still runs.
+run() {
+	limit=$1
+	name=$2
+	shift 2
+	timeout -k 10 "$limit" "$@"
+	rc=$?
+	if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+		echo "check: $name: timed out after ${limit}s"
+		status=1
+	elif [ "$rc" -ne 0 ]; then
+		echo "check: $name: failed ($rc)"
+		status=1
+	fi
+}
+
+step "build (CUDA=1)"
+command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+if ! make -j"$jobs" CUDA=1 all build/tests/test_cuda build/tests/test_cuda_golden \
+	build/tests/test_devmem build/tests/bench_cuda >/dev/null; then
+	echo "check: build failed"
+	exit 1
+fi
+if [ ! -f "$KVD_MODEL" ]; then
+	echo "check: no model at $KVD_MODEL (run \`make model\` first)"
+	exit 1
+fi
+
+# A GPU check that silently skips is no check: no usable device fails it.
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+step "CUDA kernels against the CPU"
+run 120 test_cuda sh -c 'build/tests/test_cuda >"$1" 2>&1; rc=$?; cat "$1"; exit $rc' sh "$log"
+if grep -q "skipped: no CUDA device" "$log" || grep -q "FAILED" "$log"; then
+	echo "check: test_cuda did not pass on a device"
+	status=1
+fi
+step "greedy on the golden prompts, CUDA against CPU"
+run 180 test_cuda_golden sh -c 'build/tests/test_cuda_golden >"$1" 2>&1; rc=$?; cat "$1"; exit $rc' sh "$log"
+if grep -q "skipped: no CUDA device" "$log" || grep -q "FAILED" "$log"; then
+	echo "check: test_cuda_golden did not pass on a device"
+	status=1
+fi
+
+step "compute-sanitizer memcheck on a short generation"
+cs=$(command -v compute-sanitizer || true)
+for c in "$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")/compute-sanitizer" \
+	/usr/local/cuda/compute-sanitizer/compute-sanitizer; do
+	[ -z "$cs" ] && [ -x "$c" ] && cs=$c
+done
+if [ -n "$cs" ]; then
+	run 150 memcheck "$cs" --tool memcheck --leak-check full --error-exitcode 3 \
+		build/kvd --backend=cuda --kv-blocks 64 -p "The capital of France is" -n 8
+else
+	echo "check: compute-sanitizer not found: memcheck skipped"
+fi
+
+step "benchmark table"
+run 200 bench_cuda build/tests/bench_cuda
+
+echo
+echo "check: $([ "$status" -eq 0 ] && echo passed || echo FAILED) in $(($(date +%s) - t_start)) s"
+exit "$status"

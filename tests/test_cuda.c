@@ -1,0 +1,755 @@
+/* test_cuda.c — the CUDA backend: launch plans and backend choice (any host), every kernel against the CPU reference (with a GPU). */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/kvpool.h"
+#include "kernels/backend.h"
+#include "kernels/cpu/quant.h"
+#include "kernels/cuda/hostcheck.h"
+#include "kernels/cuda/plan.h"
+#include "tests/devsim.h"
+
+static struct backend *GPU;	/* NULL without a device */
+static struct backend *CPU;
+static char gpu_why[256];
+static int simulated;	/* GPU is the CPU dressed as a device (KVD_TEST_DEVSIM=1) */
+
+/* ---- helpers ---- */
+
+static uint64_t rng_s;
+
+static uint64_t rng_next(void)
+{
+	uint64_t z = (rng_s += 0x9e3779b97f4a7c15ull);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+/* Uniform in [lo, hi), never zero: an unwritten zero output cannot pass by luck. */
+static float rng_f(float lo, float hi)
+{
+	float f;
+	do
+		f = lo + (hi - lo) * (float)((double)(rng_next() >> 11) * 0x1p-53);
+	while (f == 0.0f);
+	return f;
+}
+
+static void need_gpu(void)
+{
+	if (!GPU) {
+		printf("skipped: no CUDA device (%s)\n", gpu_why);
+		skip();
+	}
+}
+
+/* A device copy of host bytes. */
+static void *dev_from(const void *src, size_t bytes)
+{
+	void *d;
+	assert_int_equal(GPU->ops->buf_alloc(GPU, &d, bytes), 0);
+	assert_int_equal(GPU->ops->upload(GPU, d, src, bytes), 0);
+	return d;
+}
+
+/* A device buffer of n floats, every one NaN, so an element a kernel skips fails the comparison. */
+static float *dev_poisoned(size_t n)
+{
+	float *h = malloc(n * sizeof(float));
+	assert_non_null(h);
+	for (size_t i = 0; i < n; i++)
+		h[i] = NAN;
+	float *d = dev_from(h, n * sizeof(float));
+	free(h);
+	return d;
+}
+
+static float *host_from(const void *dev, size_t n)
+{
+	float *h = malloc(n * sizeof(float));
+	assert_non_null(h);
+	assert_int_equal(GPU->ops->download(GPU, h, dev, n * sizeof(float)), 0);
+	return h;
+}
+
+/* ||got - want|| / ||want||; any NaN in got makes it infinite. */
+static double rel_err(const float *got, const double *want, size_t n)
+{
+	double num = 0.0, den = 0.0;
+	for (size_t i = 0; i < n; i++) {
+		if (isnan(got[i]))
+			return INFINITY;
+		num += (got[i] - want[i]) * (got[i] - want[i]);
+		den += want[i] * want[i];
+	}
+	return sqrt(num / den);
+}
+
+static double rel_err_f(const float *got, const float *want, size_t n)
+{
+	double *w = malloc(n * sizeof(double));
+	assert_non_null(w);
+	for (size_t i = 0; i < n; i++)
+		w[i] = want[i];
+	double e = rel_err(got, w, n);
+	free(w);
+	return e;
+}
+
+/* ---- launch plans (run everywhere) ---- */
+
+static void test_plan_matvec(void **state)
+{
+	(void)state;
+	struct cuda_mv_plan p;
+	static const uint32_t want[17] = { 0, 1, 2, 4, 4, 8, 8, 8, 8, 16, 16, 16, 16, 16, 16, 16, 16 };
+	for (uint32_t n = 1; n <= CUDA_MV_MAX_ROWS; n++) {
+		assert_int_equal(cuda_plan_matvec(&p, 49152, 576, n), 0);
+		assert_int_equal(p.rows_tmpl, want[n]);
+		assert_int_equal(p.block, 32 * CUDA_MV_WARPS);
+		assert_int_equal(p.grid_x, 49152 / CUDA_MV_WARPS);
+	}
+	assert_int_equal(cuda_plan_matvec(&p, 301, 64, 1), 0);
+	assert_int_equal(p.grid_x, 76);	/* the last block has one row */
+	assert_int_equal(cuda_plan_matvec(&p, 8, 48, 1), -EINVAL);	/* not whole sub-blocks */
+	assert_int_equal(cuda_plan_matvec(&p, 8, 64, 0), -EINVAL);
+	assert_int_equal(cuda_plan_matvec(&p, 8, 64, CUDA_MV_MAX_ROWS + 1), -EINVAL);
+	assert_false(cuda_plan_use_gemm(1, KB_Q4_1));
+	assert_false(cuda_plan_use_gemm(CUDA_MV_MAX_ROWS, KB_Q4_1));
+	assert_true(cuda_plan_use_gemm(CUDA_MV_MAX_ROWS + 1, KB_F16));
+	assert_int_equal(cuda_plan_blocks(0, 256, 100), 1);
+	assert_int_equal(cuda_plan_blocks(257, 256, 100), 2);
+	assert_int_equal(cuda_plan_blocks(1u << 30, 256, 65535), 65535);
+}
+
+/* Splits cover the context exactly: none empty, every token in one. */
+static void check_splits(const struct cuda_attn_plan *p, uint32_t max_ctx)
+{
+	assert_int_equal(p->chunk % CUDA_ATT_KV_TILE, 0);
+	assert_true((uint64_t)p->chunk * p->n_splits >= max_ctx);
+	assert_true((uint64_t)p->chunk * (p->n_splits - 1) < max_ctx);
+	assert_int_equal(p->grid_z, p->n_splits);
+	assert_true(p->rows_per_block * p->group <= CUDA_ATT_QUERIES);
+	assert_true(p->smem <= 227 * 1024);
+}
+
+static void test_plan_attention(void **state)
+{
+	(void)state;
+	struct cuda_attn_plan p;
+	/* Decode, batch 32 at 32k tokens, SmolLM2 heads on an H200: split until ~8 blocks per SM. */
+	assert_int_equal(cuda_plan_attention(&p, 32, 1, 32768, 9, 3, 64, 132), 0);
+	check_splits(&p, 32768);
+	assert_int_equal(p.group, 3);
+	assert_int_equal(p.rows_per_block, 1);
+	assert_int_equal(p.grid_x, 32);
+	assert_int_equal(p.grid_y, 3);
+	assert_true((uint64_t)p.grid_x * p.grid_y * p.grid_z >= 8 * 132);
+	/* Batch 256 at a short context: few splits; one token of context: one split. */
+	assert_int_equal(cuda_plan_attention(&p, 256, 1, 100, 9, 3, 64, 132), 0);
+	check_splits(&p, 100);
+	assert_true(p.n_splits <= 4);
+	assert_int_equal(cuda_plan_attention(&p, 1, 1, 1, 9, 3, 64, 132), 0);
+	check_splits(&p, 1);
+	assert_int_equal(p.n_splits, 1);
+	/* Prefill of 4096 rows: 256 tiles of 16 rows, cut in two (10 rows x 3 heads per block). */
+	assert_int_equal(cuda_plan_attention(&p, 256, 16, 4096, 9, 3, 64, 132), 0);
+	check_splits(&p, 4096);
+	assert_int_equal(p.rows_per_block, 10);
+	assert_int_equal(p.sub, 2);
+	assert_int_equal(p.grid_x, 512);
+	assert_int_equal(p.n_splits, 1);
+	/* Llama-like: 32 heads over 8, head_dim 128; no GQA at head_dim 256. */
+	assert_int_equal(cuda_plan_attention(&p, 3, 16, 5000, 32, 8, 128, 108), 0);
+	check_splits(&p, 5000);
+	assert_int_equal(p.rows_per_block, 8);
+	assert_int_equal(p.sub, 2);
+	assert_int_equal(cuda_plan_attention(&p, 2, 5, 70, 8, 8, 256, 132), 0);
+	check_splits(&p, 70);
+	assert_int_equal(p.rows_per_block, 5);
+	assert_int_equal(p.sub, 1);
+	assert_true(p.part_floats >= (size_t)p.grid_x * p.grid_y * p.grid_z * CUDA_ATT_QUERIES * 258);
+	/* Shapes the kernel cannot take are refused, not mis-run. */
+	assert_int_equal(cuda_plan_attention(&p, 1, 1, 10, 9, 3, 80, 132), -EINVAL);
+	assert_int_equal(cuda_plan_attention(&p, 1, 1, 10, 64, 1, 64, 132), -EINVAL);
+	assert_int_equal(cuda_plan_attention(&p, 1, 1, 10, 10, 3, 64, 132), -EINVAL);
+	assert_int_equal(cuda_plan_attention(&p, 1, 17, 10, 9, 3, 64, 132), -EINVAL);
+	assert_int_equal(cuda_plan_attention(&p, 0, 1, 10, 9, 3, 64, 132), -EINVAL);
+}
+
+/* ---- backend choice (run everywhere) ---- */
+
+static void test_backend_choose(void **state)
+{
+	(void)state;
+	char why[128];
+	enum kb_kind k;
+	assert_int_equal(backend_parse("auto", &k), 0);
+	assert_int_equal(k, KB_BACKEND_AUTO);
+	assert_int_equal(backend_parse("cpu", &k), 0);
+	assert_int_equal(k, KB_BACKEND_CPU);
+	assert_int_equal(backend_parse("cuda", &k), 0);
+	assert_int_equal(k, KB_BACKEND_CUDA);
+	assert_int_equal(backend_parse("gpu", &k), -EINVAL);
+	assert_int_equal(backend_parse("", &k), -EINVAL);
+
+	assert_int_equal(backend_choose(KB_BACKEND_AUTO, 1, 2, why, sizeof(why)), KB_BACKEND_CUDA);
+	assert_non_null(strstr(why, "2 CUDA devices"));
+	assert_int_equal(backend_choose(KB_BACKEND_AUTO, 1, 0, why, sizeof(why)), KB_BACKEND_CPU);
+	assert_non_null(strstr(why, "no CUDA device"));
+	assert_int_equal(backend_choose(KB_BACKEND_AUTO, 0, 1, why, sizeof(why)), KB_BACKEND_CPU);
+	assert_non_null(strstr(why, "without CUDA"));
+	assert_int_equal(backend_choose(KB_BACKEND_CPU, 1, 4, why, sizeof(why)), KB_BACKEND_CPU);
+	assert_int_equal(backend_choose(KB_BACKEND_CUDA, 0, 0, why, sizeof(why)), KB_BACKEND_CUDA);
+	assert_non_null(strstr(why, "requested"));
+}
+
+/* What this machine gets: the CPU without a device; cuda demanded without one fails cleanly. */
+static void test_backend_create(void **state)
+{
+	(void)state;
+	char why[512], r[128];
+	struct backend *b = NULL;
+	int n = backend_cuda_devices(r, sizeof(r));
+	assert_int_equal(backend_create(&b, KB_BACKEND_AUTO, 1, why, sizeof(why)), 0);
+	printf("auto: %s\n", why);
+	assert_string_equal(b->ops->name, n > 0 ? "cuda" : "cpu");
+	b->ops->destroy(b);
+	assert_int_equal(backend_create(&b, KB_BACKEND_CPU, 1, why, sizeof(why)), 0);
+	assert_string_equal(b->ops->name, "cpu");
+	assert_int_equal(b->host_mem, 1);
+	b->ops->destroy(b);
+	int rc = backend_create(&b, KB_BACKEND_CUDA, 1, why, sizeof(why));
+	printf("cuda: %s (%d)\n", why, rc);
+	if (n > 0) {
+		assert_int_equal(rc, 0);
+		assert_string_equal(b->ops->name, "cuda");
+		assert_int_equal(b->host_mem, 0);
+		b->ops->destroy(b);
+	} else {
+		assert_true(rc == -ENODEV || rc == -ENOSYS);
+		assert_non_null(strstr(why, "cannot start"));
+	}
+}
+
+/* ---- matmul ---- */
+
+static uint16_t f16_in(float lo, float hi)
+{
+	return f32_to_fp16(rng_f(lo, hi));
+}
+
+/* A random weight (rows, cols) of type with sane scales: random quants, small f16 scales. */
+static uint8_t *rand_weight(uint32_t type, uint32_t rows, uint32_t cols, size_t *row_bytes)
+{
+	uint32_t be, bb;
+	assert_int_equal(kb_type_block(type, &be, &bb), 0);
+	*row_bytes = (size_t)cols / be * bb;
+	size_t nb = (size_t)rows * cols / be, total = (size_t)rows * *row_bytes;
+	uint8_t *w = malloc(total);
+	assert_non_null(w);
+	for (size_t i = 0; i < total; i++)
+		w[i] = (uint8_t)rng_next();
+	for (size_t b = 0; b < nb; b++) {
+		uint8_t *p = w + b * bb;
+		switch (type) {
+		case KB_F32:
+			((float *)p)[0] = rng_f(-1.0f, 1.0f);
+			break;
+		case KB_F16:
+			((uint16_t *)p)[0] = f16_in(-1.0f, 1.0f);
+			break;
+		case KB_BF16: {
+			float f = rng_f(-1.0f, 1.0f);
+			uint32_t u;
+			memcpy(&u, &f, 4);
+			((uint16_t *)p)[0] = (uint16_t)(u >> 16);
+			break;
+		}
+		case KB_Q4_0:
+		case KB_Q8_0:
+			((struct blk_q8_0 *)p)->d = f16_in(0.001f, 0.02f);
+			break;
+		case KB_Q4_1:
+			((struct blk_q4_1 *)p)->d = f16_in(0.001f, 0.02f);
+			((struct blk_q4_1 *)p)->m = f16_in(-0.1f, 0.1f);
+			break;
+		case KB_Q4_K:
+			((struct blk_q4_k *)p)->d = f16_in(0.0001f, 0.002f);
+			((struct blk_q4_k *)p)->dmin = f16_in(0.0001f, 0.002f);
+			break;
+		case KB_Q6_K:
+			((struct blk_q6_k *)p)->d = f16_in(0.0001f, 0.002f);
+			break;
+		}
+	}
+	/* Element types carry a value in every element, not only the first of a "block". */
+	if (type == KB_F32)
+		for (size_t i = 0; i < (size_t)rows * cols; i++)
+			((float *)w)[i] = rng_f(-1.0f, 1.0f);
+	if (type == KB_F16)
+		for (size_t i = 0; i < (size_t)rows * cols; i++)
+			((uint16_t *)w)[i] = f16_in(-1.0f, 1.0f);
+	return w;
+}
+
+static const uint32_t mm_types[] = { KB_Q4_1, KB_Q8_0, KB_Q4_K, KB_Q6_K, KB_F16, KB_Q4_0,
+				     KB_F32, KB_BF16 };
+
+static void test_matmul(void **state)
+{
+	(void)state;
+	need_gpu();
+	static const uint32_t ns[] = { 1, 3, 16, 37 };
+	const uint32_t rows = 301, cols = 768;
+	rng_s = 11;
+	for (size_t t = 0; t < sizeof(mm_types) / sizeof(mm_types[0]); t++) {
+		uint32_t type = mm_types[t];
+		size_t rb;
+		uint8_t *w = rand_weight(type, rows, cols, &rb);
+		float *wf = malloc(sizeof(float) * rows * cols), *x = malloc(sizeof(float) * 40 * cols);
+		double *ref = malloc(sizeof(double) * 40 * rows);
+		assert_true(wf && x && ref);
+		for (uint32_t r = 0; r < rows; r++)
+			assert_int_equal(dequantize_row(type, w + r * rb, wf + (size_t)r * cols, cols), 0);
+		for (uint32_t i = 0; i < 40 * cols; i++)
+			x[i] = rng_f(-1.0f, 1.0f);
+		struct kb_weight kw = { .type = type, .rows = rows, .cols = cols, .row_bytes = rb };
+		assert_int_equal(GPU->ops->import(GPU, &kw.data, w, rows * rb), 0);
+		float *dx = dev_from(x, sizeof(float) * 40 * cols);
+		for (size_t k = 0; k < sizeof(ns) / sizeof(ns[0]); k++) {
+			uint32_t n = ns[k];
+			for (uint32_t i = 0; i < n; i++)
+				for (uint32_t r = 0; r < rows; r++) {
+					double s = 0.0;
+					for (uint32_t c = 0; c < cols; c++)
+						s += (double)x[(size_t)i * cols + c] * wf[(size_t)r * cols + c];
+					ref[(size_t)i * rows + r] = s;
+				}
+			float *dy = dev_poisoned((size_t)n * rows);
+			assert_int_equal(GPU->ops->matmul(GPU, dy, &kw, dx, n), 0);
+			float *y = host_from(dy, (size_t)n * rows);
+			double e = rel_err(y, ref, (size_t)n * rows);
+			/* f16 enters on the GEMM path (x and the dequantized W rounded to f16) */
+			double tol = cuda_plan_use_gemm(n, type) && type != KB_F32 ? 1e-2 : 1e-3;
+			/* The CPU rounds activations to 8 bits for quantized weights. */
+			if (simulated && type != KB_F32 && type != KB_F16 && type != KB_BF16)
+				tol = 1e-2;
+			printf("matmul type %2u n %2u: rel err %.3g (%s)\n", type, n, e,
+			       cuda_plan_use_gemm(n, type) ? "gemm" : "mat-vec");
+			if (!(e <= tol))
+				fail_msg("matmul type %u n %u: relative error %g over %g", type, n, e, tol);
+			free(y);
+			GPU->ops->buf_free(GPU, dy);
+		}
+		/* get_rows: the embedding lookup dequantizes exactly what dequantize_row does. */
+		uint32_t ids[3] = { 0, rows - 1, 17 };
+		uint32_t *did = dev_from(ids, sizeof(ids));
+		float *dg = dev_poisoned(3 * (size_t)cols);
+		assert_int_equal(GPU->ops->get_rows(GPU, dg, &kw, did, 3), 0);
+		float *g = host_from(dg, 3 * (size_t)cols);
+		for (int i = 0; i < 3; i++)
+			assert_true(rel_err_f(g + (size_t)i * cols, wf + (size_t)ids[i] * cols, cols) <= 1e-6);
+		free(g);
+		GPU->ops->buf_free(GPU, dg);
+		GPU->ops->buf_free(GPU, did);
+		GPU->ops->buf_free(GPU, dx);
+		GPU->ops->unimport(GPU, kw.data);
+		free(w);
+		free(wf);
+		free(x);
+		free(ref);
+	}
+}
+
+/*
+ * The kernels' block decoder, compiled for the host, against the CPU's
+ * dequantize_row: the same operations in the same order, so the same
+ * values (up to the sign of a zero).
+ * Needs nvcc at build time, not a GPU.
+ */
+static void test_decoder_on_host(void **state)
+{
+	(void)state;
+#ifdef KVD_HAVE_CUDA
+	const uint32_t cols = 768;
+	rng_s = 5;
+	for (size_t t = 0; t < sizeof(mm_types) / sizeof(mm_types[0]); t++) {
+		size_t rb;
+		uint8_t *w = rand_weight(mm_types[t], 3, cols, &rb);
+		float want[768], got[32];
+		for (uint32_t r = 0; r < 3; r++) {
+			assert_int_equal(dequantize_row(mm_types[t], w + r * rb, want, cols), 0);
+			for (uint32_t k = 0; k < cols / 32; k++) {
+				assert_int_equal(cuda_host_deq32(mm_types[t], w + r * rb, k, got), 0);
+				for (int i = 0; i < 32; i++)
+					if (got[i] != want[32 * k + i])	/* == : -0 and +0 agree */
+						fail_msg("type %u row %u element %u: the kernels' decoder gives %a, dequantize_row %a",
+							 mm_types[t], r, 32 * k + i, (double)got[i],
+							 (double)want[32 * k + i]);
+			}
+		}
+		free(w);
+	}
+	float out[32];
+	assert_int_equal(cuda_host_deq32(KB_Q4_0 + 1000, out, 0, out), -ENOTSUP);
+#else
+	printf("skipped: built without nvcc, the decoder is not compiled\n");
+	skip();
+#endif
+}
+
+/* ---- row ops ---- */
+
+static void test_row_ops(void **state)
+{
+	(void)state;
+	need_gpu();
+	const uint32_t n = 7, dim = 576, nh = 9, hd = 64;
+	const size_t nd = (size_t)n * dim;
+	rng_s = 23;
+	float *x = malloc(nd * 4), *y = malloc(nd * 4), *g = malloc(dim * 4), *o = malloc(nd * 4);
+	float *x2 = malloc(nd * 4);
+	assert_true(x && y && g && o && x2);
+	for (size_t i = 0; i < nd; i++) {
+		x[i] = rng_f(-3.0f, 3.0f);
+		y[i] = rng_f(-3.0f, 3.0f);
+	}
+	for (uint32_t i = 0; i < dim; i++)
+		g[i] = rng_f(-2.0f, 2.0f);
+	float *dx = dev_from(x, nd * 4), *dy = dev_from(y, nd * 4), *dg = dev_from(g, dim * 4);
+
+	/* rmsnorm */
+	float *dout = dev_poisoned(nd);
+	assert_int_equal(GPU->ops->rmsnorm(GPU, dout, dx, dg, n, dim, 1e-5f), 0);
+	float *got = host_from(dout, nd);
+	assert_int_equal(CPU->ops->rmsnorm(CPU, o, x, g, n, dim, 1e-5f), 0);
+	assert_true(rel_err_f(got, o, nd) <= 1e-5);
+	free(got);
+
+	/* add_rmsnorm: both the new residual and the normed output */
+	GPU->ops->buf_free(GPU, dout);
+	dout = dev_poisoned(nd);
+	memcpy(x2, x, nd * 4);
+	assert_int_equal(GPU->ops->add_rmsnorm(GPU, dout, dx, dy, dg, n, dim, 1e-5f), 0);
+	assert_int_equal(CPU->ops->add_rmsnorm(CPU, o, x2, y, g, n, dim, 1e-5f), 0);
+	got = host_from(dout, nd);
+	assert_true(rel_err_f(got, o, nd) <= 1e-5);
+	free(got);
+	got = host_from(dx, nd);
+	assert_true(rel_err_f(got, x2, nd) == 0.0);	/* one f32 add each: exact */
+	free(got);
+
+	/* add, swiglu */
+	assert_int_equal(GPU->ops->add(GPU, dx, dy, n, dim), 0);
+	assert_int_equal(CPU->ops->add(CPU, x2, y, n, dim), 0);
+	got = host_from(dx, nd);
+	assert_true(rel_err_f(got, x2, nd) == 0.0);
+	free(got);
+	GPU->ops->buf_free(GPU, dout);
+	dout = dev_poisoned(nd);
+	assert_int_equal(GPU->ops->swiglu(GPU, dout, dx, dy, n, dim), 0);
+	assert_int_equal(CPU->ops->swiglu(CPU, o, x2, y, n, dim), 0);
+	got = host_from(dout, nd);
+	assert_true(rel_err_f(got, o, nd) <= 1e-5);
+	free(got);
+
+	/* rope, both pair layouts, positions up to 8k */
+	uint32_t pos[7];
+	for (uint32_t i = 0; i < n; i++)
+		pos[i] = (uint32_t)(rng_next() % 8192);
+	uint32_t *dpos = dev_from(pos, sizeof(pos));
+	for (int neox = 0; neox < 2; neox++) {
+		for (size_t i = 0; i < (size_t)n * nh * hd; i++)
+			x[i] = rng_f(-2.0f, 2.0f);
+		GPU->ops->upload(GPU, dx, x, (size_t)n * nh * hd * 4);
+		assert_int_equal(GPU->ops->rope(GPU, dx, dpos, n, nh, hd, hd, 100000.0f, neox), 0);
+		assert_int_equal(CPU->ops->rope(CPU, x, pos, n, nh, hd, hd, 100000.0f, neox), 0);
+		got = host_from(dx, (size_t)n * nh * hd);
+		double e = rel_err_f(got, x, (size_t)n * nh * hd);
+		printf("rope neox %d: rel err %.3g\n", neox, e);
+		assert_true(e <= 1e-5);
+		free(got);
+	}
+	/* argmax: lowest index on a tie */
+	for (size_t i = 0; i < nd; i++)
+		x[i] = rng_f(-1.0f, 1.0f);
+	x[5] = x[300] = 7.0f;
+	x[dim + dim - 1] = 9.0f;
+	GPU->ops->upload(GPU, dx, x, nd * 4);
+	uint32_t ids[7], want[7];
+	assert_int_equal(GPU->ops->argmax(GPU, ids, dx, n, dim), 0);
+	assert_int_equal(CPU->ops->argmax(CPU, want, x, n, dim), 0);
+	assert_memory_equal(ids, want, sizeof(ids));
+	assert_int_equal(ids[0], 5);
+	assert_int_equal(ids[1], dim - 1);
+
+	GPU->ops->buf_free(GPU, dout);
+	GPU->ops->buf_free(GPU, dx);
+	GPU->ops->buf_free(GPU, dy);
+	GPU->ops->buf_free(GPU, dg);
+	GPU->ops->buf_free(GPU, dpos);
+	free(x);
+	free(x2);
+	free(y);
+	free(g);
+	free(o);
+}
+
+/* ---- paged K/V and attention ---- */
+
+#define AT_SEQS 6
+#define AT_BT 16
+#define AT_KVH 3
+
+/*
+ * AT_SEQS sequences with scattered block tables in one pool; K/V of every
+ * position written through write_kv_rows on both backends (the bytes must
+ * be identical), then attention for decode rows (each sequence's last
+ * position) and a 40-row prefill run of the longest.
+ */
+static void attention_case(uint32_t type, uint32_t group, uint32_t hd)
+{
+	const uint32_t kv_dim = AT_KVH * hd, nh = AT_KVH * group, qd = nh * hd;
+	const uint32_t lens[AT_SEQS] = { 1, 17, 300, 1000, 64, 2500 };
+	const size_t row = kvpool_row_bytes(type, kv_dim), bb = 2 * (size_t)AT_BT * row;
+	uint32_t nblk[AT_SEQS], total_blk = 0, total_pos = 0;
+	for (int s = 0; s < AT_SEQS; s++) {
+		nblk[s] = (lens[s] + AT_BT - 1) / AT_BT;
+		total_blk += nblk[s];
+		total_pos += lens[s];
+	}
+	const uint32_t pool_blocks = total_blk + 7;
+	uint32_t *perm = malloc(pool_blocks * 4), *tables = malloc(total_blk * 4);
+	for (uint32_t i = 0; i < pool_blocks; i++)
+		perm[i] = i;
+	for (uint32_t i = pool_blocks - 1; i > 0; i--) {
+		uint32_t j = (uint32_t)(rng_next() % (i + 1)), t = perm[i];
+		perm[i] = perm[j];
+		perm[j] = t;
+	}
+	memcpy(tables, perm, total_blk * 4);
+	/* Rows: every position of every sequence (for the writes). */
+	uint32_t n = total_pos, *pos = malloc(n * 4), *off = malloc(n * 4), *len = malloc(n * 4);
+	uint32_t *tiles = malloc(2 * n * 4), n_tiles = 0, r = 0, t0 = 0;
+	for (int s = 0; s < AT_SEQS; s++) {
+		for (uint32_t p = 0; p < lens[s]; p++, r++) {
+			pos[r] = p;
+			off[r] = t0;
+			len[r] = nblk[s];
+			if (p % KB_TILE_ROWS == 0) {
+				tiles[2 * n_tiles] = r;
+				tiles[2 * n_tiles + 1] = lens[s] - p < KB_TILE_ROWS ? lens[s] - p : KB_TILE_ROWS;
+				n_tiles++;
+			}
+		}
+		t0 += nblk[s];
+	}
+	float *k = malloc((size_t)n * kv_dim * 4), *v = malloc((size_t)n * kv_dim * 4);
+	for (size_t i = 0; i < (size_t)n * kv_dim; i++) {
+		k[i] = rng_f(-1.0f, 1.0f);
+		v[i] = rng_f(-1.0f, 1.0f);
+	}
+	uint8_t *hpool = calloc(pool_blocks, bb);
+	struct kb_kv_rows hk = {
+		.geo = { .base = hpool, .block_tokens = AT_BT, .block_bytes = bb, .k_off = 0,
+			 .v_off = AT_BT * row, .row_bytes = row, .type = type },
+		.tables = tables, .tab_off = off, .tab_len = len, .tiles = tiles,
+		.h_tab_off = off, .h_tab_len = len, .h_tiles = tiles, .h_pos = pos, .n_tiles = n_tiles,
+	};
+	struct kb_kv_rows dk = hk;
+	void *dpool;
+	assert_int_equal(GPU->ops->buf_alloc(GPU, &dpool, pool_blocks * bb), 0);
+	dk.geo.base = dpool;
+	dk.tables = dev_from(tables, total_blk * 4);
+	dk.tab_off = dev_from(off, n * 4);
+	dk.tab_len = dev_from(len, n * 4);
+	dk.tiles = dev_from(tiles, 2 * n_tiles * 4);
+	uint32_t *dpos = dev_from(pos, n * 4);
+	float *dkx = dev_from(k, (size_t)n * kv_dim * 4), *dvx = dev_from(v, (size_t)n * kv_dim * 4);
+	assert_int_equal(CPU->ops->write_kv_rows(CPU, &hk, pos, n, kv_dim, k, v), 0);
+	assert_int_equal(GPU->ops->write_kv_rows(GPU, &dk, dpos, n, kv_dim, dkx, dvx), 0);
+	/* The written rows, bit for bit (unwritten slots of partial blocks are not compared). */
+	uint8_t *back = malloc(pool_blocks * bb);
+	assert_int_equal(GPU->ops->download(GPU, back, dpool, pool_blocks * bb), 0);
+	for (uint32_t i = 0; i < n; i++)
+		for (int which = 0; which < 2; which++) {
+			struct kb_kv_view hv = hk.geo, dv = hk.geo;
+			hv.blocks = tables + off[i];
+			hv.n_blocks = len[i];
+			dv = hv;
+			dv.base = back;
+			if (memcmp(kb_kv_row(&hv, which, pos[i]), kb_kv_row(&dv, which, pos[i]), row))
+				fail_msg("type %u: %s row of position %u differs from the CPU's",
+					 type, which ? "V" : "K", pos[i]);
+		}
+
+	/* Query rows: each sequence's last position, then 40 prefill rows of the longest. */
+	uint32_t qn = AT_SEQS + 40, qpos[AT_SEQS + 40], qoff[AT_SEQS + 40], qlen[AT_SEQS + 40];
+	uint32_t qtiles[2 * (AT_SEQS + 40)], qnt = 0;
+	t0 = 0;
+	for (int s = 0; s < AT_SEQS; s++) {
+		qpos[s] = lens[s] - 1;
+		qoff[s] = t0;
+		qlen[s] = nblk[s];
+		qtiles[2 * qnt] = s;
+		qtiles[2 * qnt + 1] = 1;
+		qnt++;
+		if (s + 1 < AT_SEQS)
+			t0 += nblk[s];
+	}
+	for (uint32_t i = 0; i < 40; i++) {
+		qpos[AT_SEQS + i] = lens[AT_SEQS - 1] - 40 + i;
+		qoff[AT_SEQS + i] = t0;
+		qlen[AT_SEQS + i] = nblk[AT_SEQS - 1];
+		if (i % KB_TILE_ROWS == 0) {
+			qtiles[2 * qnt] = AT_SEQS + i;
+			qtiles[2 * qnt + 1] = 40 - i < KB_TILE_ROWS ? 40 - i : KB_TILE_ROWS;
+			qnt++;
+		}
+	}
+	struct kb_kv_rows hq = hk, dq = dk;
+	hq.tab_off = hq.h_tab_off = qoff;
+	hq.tab_len = hq.h_tab_len = qlen;
+	hq.tiles = hq.h_tiles = qtiles;
+	hq.h_pos = qpos;
+	hq.n_tiles = qnt;
+	dq.h_tab_off = qoff;
+	dq.h_tab_len = qlen;
+	dq.h_tiles = qtiles;
+	dq.h_pos = qpos;
+	dq.n_tiles = qnt;
+	dq.tab_off = dev_from(qoff, sizeof(qoff));
+	dq.tab_len = dev_from(qlen, sizeof(qlen));
+	dq.tiles = dev_from(qtiles, 2 * qnt * 4);
+	uint32_t *dqpos = dev_from(qpos, sizeof(qpos));
+	float *q = malloc((size_t)qn * qd * 4), *want = malloc((size_t)qn * qd * 4);
+	for (size_t i = 0; i < (size_t)qn * qd; i++)
+		q[i] = rng_f(-2.0f, 2.0f);
+	float *dqx = dev_from(q, (size_t)qn * qd * 4), *dout = dev_poisoned((size_t)qn * qd);
+	const struct kb_attn_shape sh = { .n_heads = nh, .n_kv_heads = AT_KVH, .head_dim = hd,
+					  .scale = 1.0f / sqrtf((float)hd) };
+	assert_int_equal(CPU->ops->attention_rows(CPU, want, q, &hq, qpos, qn, &sh), 0);
+	assert_int_equal(GPU->ops->attention_rows(GPU, dout, dqx, &dq, dqpos, qn, &sh), 0);
+	float *got = host_from(dout, (size_t)qn * qd);
+	double e = rel_err_f(got, want, (size_t)qn * qd);
+	double tol = type == KB_F32 ? 1e-3 : 1e-2;
+	printf("attention cache type %u group %u head_dim %u: rel err %.3g\n", type, group, hd, e);
+	if (!(e <= tol))
+		fail_msg("attention type %u group %u hd %u: relative error %g over %g", type, group,
+			 hd, e, tol);
+	/* A position past a row's table is refused before any launch. */
+	uint32_t saved = qpos[0];
+	qpos[0] = qlen[0] * AT_BT;
+	GPU->ops->upload(GPU, dqpos, qpos, sizeof(qpos));
+	assert_int_equal(GPU->ops->attention_rows(GPU, dout, dqx, &dq, dqpos, qn, &sh), -ERANGE);
+	qpos[0] = saved;
+
+	void *bufs[] = { dpool, (void *)dk.tables, (void *)dk.tab_off, (void *)dk.tab_len,
+			 (void *)dk.tiles, dpos, dkx, dvx, (void *)dq.tab_off, (void *)dq.tab_len,
+			 (void *)dq.tiles, dqpos, dqx, dout };
+	for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+		GPU->ops->buf_free(GPU, bufs[i]);
+	free(got);
+	free(q);
+	free(want);
+	free(back);
+	free(hpool);
+	free(k);
+	free(v);
+	free(pos);
+	free(off);
+	free(len);
+	free(tiles);
+	free(perm);
+	free(tables);
+}
+
+static void test_attention(void **state)
+{
+	(void)state;
+	need_gpu();
+	rng_s = 37;
+	attention_case(KB_F16, 3, 64);
+	attention_case(KB_F32, 3, 64);
+	attention_case(KB_Q8_0, 3, 64);
+	attention_case(KB_F16, 4, 128);
+	attention_case(KB_F16, 1, 256);
+	attention_case(KB_F32, 8, 96);
+}
+
+/* Failures come back as errors and leave the backend usable. */
+static void test_errors(void **state)
+{
+	(void)state;
+	need_gpu();
+	void *p = NULL;
+	/* (not on the simulation: a sanitizer's malloc aborts instead of failing) */
+	if (!simulated)
+		assert_int_equal(GPU->ops->buf_alloc(GPU, &p, (size_t)1 << 50), -ENOMEM);
+	struct kb_weight bad = { .data = NULL, .type = 99, .rows = 4, .cols = 32, .row_bytes = 64 };
+	float *y = dev_poisoned(4), *x = dev_poisoned(32);
+	assert_int_equal(GPU->ops->matmul(GPU, y, &bad, x, 1), -ENOTSUP);
+	assert_int_equal(GPU->ops->buf_alloc(GPU, &p, 4096), 0);
+	GPU->ops->buf_free(GPU, p);
+	GPU->ops->buf_free(GPU, y);
+	GPU->ops->buf_free(GPU, x);
+}
+
+static int setup(void **state)
+{
+	(void)state;
+	if (backend_cpu_create(&CPU, 0))
+		return -1;
+	/*
+	 * KVD_TEST_DEVSIM=1 runs the device tests against the CPU dressed as a
+	 * device, which checks the tests themselves on machines without a GPU.
+	 */
+	const char *sim = getenv("KVD_TEST_DEVSIM");
+	if (sim && !strcmp(sim, "1")) {
+		if (devsim_create(&GPU, 0))
+			return -1;
+		simulated = 1;
+		snprintf(gpu_why, sizeof(gpu_why), "simulated on the CPU");
+	} else if (backend_cuda_create(&GPU, 0, gpu_why, sizeof(gpu_why))) {
+		GPU = NULL;
+	}
+	else
+		printf("device: %s\n", gpu_why);
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	if (GPU)
+		GPU->ops->destroy(GPU);
+	CPU->ops->destroy(CPU);
+	return 0;
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_plan_matvec),
+		cmocka_unit_test(test_plan_attention),
+		cmocka_unit_test(test_backend_choose),
+		cmocka_unit_test(test_backend_create),
+		cmocka_unit_test(test_decoder_on_host),
+		cmocka_unit_test(test_matmul),
+		cmocka_unit_test(test_row_ops),
+		cmocka_unit_test(test_attention),
+		cmocka_unit_test(test_errors),
+	};
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
