@@ -1032,6 +1032,61 @@ static double at_check_head(const float *qh, const float *oh, const double *kd,
 	return worst;
 }
 
+/*
+ * The SIMD attention kernel against the portable one, bit for bit: every
+ * position count from 1 to 40 (whole and partial blocks of eight), an f16 and
+ * an f32 cache, head groups of 1 and 3.
+ */
+static void test_attention_paths(void **state)
+{
+	(void)state;
+	enum { HD = 64, KVH = 2, CTX = 48 };
+	static const uint32_t one_block = 0;
+	float k[CTX * KVH * HD], v[CTX * KVH * HD], q[3 * HD], a[3 * HD], b[3 * HD];
+	uint32_t pos[CTX];
+	struct backend *be;
+	int compared = 0;
+	assert_int_equal(backend_cpu_create(&be, 1), 0);
+	rng_seed(67);
+	for (uint32_t p = 0; p < CTX; p++)
+		pos[p] = p;
+	for (uint32_t i = 0; i < CTX * KVH * HD; i++) {
+		k[i] = rng_f(-2.0f, 2.0f);
+		v[i] = rng_f(-1.0f, 1.0f);
+	}
+	for (int t = 0; t < 2; t++) {
+		uint32_t type = t ? KB_F32 : KB_F16;
+		size_t esz = t ? sizeof(float) : sizeof(uint16_t), half = esz * CTX * KVH * HD;
+		uint8_t *cache = malloc(2 * half);
+		struct kb_kv_view kv = { .base = cache, .blocks = &one_block, .n_blocks = 1,
+					 .block_tokens = 64, .block_bytes = 2 * half, .k_off = 0,
+					 .v_off = half, .row_bytes = esz * KVH * HD, .type = type };
+		assert_non_null(cache);
+		assert_int_equal(be->ops->write_kv(be, &kv, pos, CTX, KVH * HD, k, v), 0);
+		for (uint32_t group = 1; group <= 3; group += 2) {
+			struct kb_attn_shape sh = { .n_heads = group * KVH, .n_kv_heads = KVH,
+						    .head_dim = HD, .scale = 0.125f };
+			for (uint32_t p = 0; p < 40; p++) {
+				for (uint32_t i = 0; i < group * HD; i++)
+					q[i] = rng_f(-3.0f, 3.0f);
+				for (uint32_t h = 0; h < KVH; h++) {
+					assert_int_equal(ops_attention_group(a, q, &kv, p, h, &sh), 0);
+					assert_int_equal(ops_attention_group_c(b, q, &kv, p, h, &sh), 0);
+					for (uint32_t i = 0; i < group * HD; i++)
+						if (fbits(a[i]) != fbits(b[i]))
+							fail_msg("%s cache, group %u, pos %u, kv head %u, element %u: %a, portable %a",
+								 t ? "f32" : "f16", group, p, h, i,
+								 (double)a[i], (double)b[i]);
+					compared++;
+				}
+			}
+		}
+		free(cache);
+	}
+	be->ops->destroy(be);
+	printf("attention: %d calls identical to the portable kernel\n", compared);
+}
+
 static void test_attention(void **state)
 {
 	(void)state;
@@ -1226,6 +1281,7 @@ int main(void)
 		cmocka_unit_test(test_fast_expf),
 		cmocka_unit_test(test_rope),
 		cmocka_unit_test(test_attention),
+		cmocka_unit_test(test_attention_paths),
 		cmocka_unit_test(test_threadpool),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

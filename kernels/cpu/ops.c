@@ -168,8 +168,8 @@ void ops_kv_head(float *out, const struct kb_kv_view *kv, int which, uint32_t p,
 	}
 }
 
-static int attention_group_c(float *out, const float *q, const struct kb_kv_view *kv,
-			       uint32_t pos, uint32_t kvh, const struct kb_attn_shape *sh)
+int ops_attention_group_c(float *out, const float *q, const struct kb_kv_view *kv,
+			  uint32_t pos, uint32_t kvh, const struct kb_attn_shape *sh)
 {
 	const uint32_t hd = sh->head_dim, group = sh->n_heads / sh->n_kv_heads;
 	const uint32_t np = pos + 1;
@@ -216,5 +216,5 @@ int ops_attention_group(float *out, const float *q, const struct kb_kv_view *kv,
 	if (kv->type != KB_Q8_0 && sh->head_dim % 8 == 0 && ops_attention_have_avx2())
 		return ops_attention_group_avx2(out, q, kv, pos, kvh, sh);
 #endif
-	return attention_group_c(out, q, kv, pos, kvh, sh);
+	return ops_attention_group_c(out, q, kv, pos, kvh, sh);
 }

@@ -26,6 +26,9 @@ void ops_rope_table(float *cs, uint32_t pos, uint32_t rot_dim, float theta);
  */
 int ops_attention_group(float *out, const float *q, const struct kb_kv_view *kv,
 			 uint32_t pos, uint32_t kvh, const struct kb_attn_shape *shape);
+/* The portable implementation, which every SIMD one must match bit for bit (for tests). */
+int ops_attention_group_c(float *out, const float *q, const struct kb_kv_view *kv,
+			   uint32_t pos, uint32_t kvh, const struct kb_attn_shape *shape);
 
 /* out (n,) = elements [first, first + n) of position p's K (which 0) or V (1) row, as f32. */
 void ops_kv_head(float *out, const struct kb_kv_view *kv, int which, uint32_t p,
