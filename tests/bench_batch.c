@@ -83,23 +83,17 @@ int main(int argc, char **argv)
 			sizes[n_sizes++] = (uint32_t)v;
 		}
 	}
-	const char *path = getenv("KVD_MODEL");
 	const char *th = getenv("KVD_BENCH_THREADS");
 	const char *ck = getenv("KVD_BENCH_CLOCK");
 	if (ck && !strcmp(ck, "cpu"))
 		clock_id = CLOCK_PROCESS_CPUTIME_ID;
 	uint32_t threads = th && *th ? (uint32_t)atoi(th) : 2;
-	char err[256];
 	struct model *m;
 	struct backend *be;
 	struct engine *e;
 	struct kvpool *pool;
-	if (!path || !*path)
-		path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
-	if (model_load(&m, path, err, sizeof(err))) {
-		fprintf(stderr, "bench_batch: %s: %s (run `make model`)\n", path, err);
+	if (!(m = bench_load_model("bench_batch")))
 		return 1;
-	}
 	struct kvpool_config pc = { .n_blocks = MAX_N * ((PROMPT + STEPS) / 16 + 1),
 				    .block_tokens = 16, .n_layers = m->hp.n_layers,
 				    .kv_dim = m->hp.kv_dim, .kv_type = KB_F16 };

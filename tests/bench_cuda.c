@@ -404,17 +404,11 @@ static void rand_ids(uint32_t *ids, uint32_t n, uint32_t vocab, uint64_t seed)
 
 static int bench_model(const char *mode)
 {
-	const char *path = getenv("KVD_MODEL");
-	char err[256];
 	struct model *m;
 	struct kvpool *pool;
 	struct engine *e;
-	if (!path || !*path)
-		path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
-	if (model_load(&m, path, err, sizeof(err))) {
-		fprintf(stderr, "bench_cuda: %s: %s (run `make model`)\n", path, err);
+	if (!(m = bench_load_model("bench_cuda")))
 		return 1;
-	}
 	struct kvpool_config pc = { .n_blocks = 3072, .block_tokens = 16,
 				    .n_layers = m->hp.n_layers, .kv_dim = m->hp.kv_dim,
 				    .kv_type = KB_F16 };

@@ -31,18 +31,12 @@ static void print_row(const char *name, double *v, const char *target)
 
 int main(void)
 {
-	const char *path = getenv("KVD_MODEL");
-	char err[256];
 	struct model *m;
 	struct backend *be;
 	struct engine *e;
 	struct kvpool *pool;
-	if (!path || !*path)
-		path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
-	if (model_load(&m, path, err, sizeof(err))) {
-		fprintf(stderr, "bench_engine: %s: %s (run `make model`)\n", path, err);
+	if (!(m = bench_load_model("bench_engine")))
 		return 1;
-	}
 	struct kvpool_config pc = { .n_blocks = 2 * (PROMPT + DECODE) / 16, .block_tokens = 16,
 				    .n_layers = m->hp.n_layers, .kv_dim = m->hp.kv_dim,
 				    .kv_type = KB_F16 };

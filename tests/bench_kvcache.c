@@ -150,15 +150,9 @@ static int prefix_ttft(struct model *m)
 
 int main(void)
 {
-	const char *path = getenv("KVD_MODEL");
-	char err[256];
 	struct model *m;
-	if (!path || !*path)
-		path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
-	if (model_load(&m, path, err, sizeof(err))) {
-		fprintf(stderr, "bench_kvcache: %s: %s (run `make model`)\n", path, err);
+	if (!(m = bench_load_model("bench_kvcache")))
 		return 1;
-	}
 	int rc = waste(m) || prefix_ttft(m);
 	if (rc)
 		fprintf(stderr, "bench_kvcache: failed\n");

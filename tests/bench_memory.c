@@ -58,18 +58,12 @@ static const char *plot =
 
 int main(void)
 {
-	const char *path = getenv("KVD_MODEL");
-	char err[256];
 	struct model *m;
 	struct backend *be;
 	struct kvpool *pool;
 	struct engine *e;
-	if (!path || !*path)
-		path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
-	if (model_load(&m, path, err, sizeof(err))) {
-		fprintf(stderr, "bench_memory: %s: %s (run `make model`)\n", path, err);
+	if (!(m = bench_load_model("bench_memory")))
 		return 1;
-	}
 	/* The pool is reserved up front for 8192 tokens; pages are touched as blocks fill. */
 	struct kvpool_config pc = { .n_blocks = 8192 / 16, .block_tokens = 16,
 				    .n_layers = m->hp.n_layers, .kv_dim = m->hp.kv_dim,

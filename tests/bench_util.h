@@ -2,8 +2,10 @@
 #ifndef KVD_BENCH_UTIL_H
 #define KVD_BENCH_UTIL_H
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+#include "daemon/model.h"
 
 static inline double now_s(void)
 {
@@ -23,6 +25,21 @@ static inline double median(double *v, int n)
 {
 	qsort(v, (size_t)n, sizeof(double), cmp_double);
 	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* The model named by $KVD_MODEL, else the default one; NULL (said on stderr, as prog) on failure. */
+static inline struct model *bench_load_model(const char *prog)
+{
+	const char *path = getenv("KVD_MODEL");
+	char err[256];
+	struct model *m;
+	if (!path || !*path)
+		path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+	if (model_load(&m, path, err, sizeof(err))) {
+		fprintf(stderr, "%s: %s: %s (run `make model`)\n", prog, path, err);
+		return NULL;
+	}
+	return m;
 }
 
 #endif
