@@ -41,8 +41,8 @@ include kernels/kernels.mk
 include daemon/daemon.mk
 include shm/shm.mk
 include tools/tools.mk
-include tests/tests.mk
 include tests/fuzz/fuzz.mk
+include tests/tests.mk
 
 $(B)/%.o: %.c
 	@mkdir -p $(dir $@)

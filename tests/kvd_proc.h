@@ -217,6 +217,20 @@ static inline long kp_status_kb(pid_t pid, const char *field)
 	return v;
 }
 
+/* Whether pid runs with AddressSanitizer (its allocator keeps freed memory resident). */
+static inline int kp_asan(pid_t pid)
+{
+	char path[64], line[512];
+	snprintf(path, sizeof(path), "/proc/%d/maps", (int)pid);
+	FILE *f = fopen(path, "r");
+	int yes = 0;
+	while (f && !yes && fgets(line, sizeof(line), f))
+		yes = strstr(line, "libasan") != NULL;
+	if (f)
+		fclose(f);
+	return yes;
+}
+
 /* STATS through a connection of its own (which counts as one). */
 static inline int kp_stats(const struct kvd_proc *d, struct kvd_stats_rep *st)
 {

@@ -300,7 +300,9 @@ static void test_fault_injection(void **state)
 		      (unsigned long long)st.kv_blocks_total, fds0, fds1, rss0, rss1, rss1 - rss0);
 	assert_int_equal(st.kv_blocks_used, 0);
 	assert_int_equal(fds1, fds0);
-	assert_true(rss1 - rss0 < RSS_SLACK_KB);
+	/* Under ASan, freed memory sits in its quarantine; its leak check at exit stands in. */
+	if (!kp_asan(D.pid))
+		assert_true(rss1 - rss0 < RSS_SLACK_KB);
 	assert_int_equal(kp_stop(&D), 0);
 }
 
