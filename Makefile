@@ -1,7 +1,7 @@
 # kvd — one non-recursive Makefile; each folder adds its parts in a *.mk file.
 # Everything is built out of tree into $(B)/.
 
-B        := build
+B        ?= build
 PREFIX   ?= /usr/local
 DESTDIR  ?=
 CC       ?= cc
@@ -42,6 +42,7 @@ include bpf/bpf.mk
 include daemon/daemon.mk
 include shm/shm.mk
 include tools/tools.mk
+include tests/fuzz/fuzz.mk
 include tests/tests.mk
 include systemd/systemd.mk
 include tools/man/man.mk

@@ -345,7 +345,8 @@ static uint32_t collect(struct server *srv)
 static void build(struct server *srv, struct batch *b)
 {
 	uint32_t n = collect(srv), budget = srv->cfg.max_batch_rows;
-	qsort(srv->cands, n, sizeof(*srv->cands), cand_cmp);
+	if (n)	/* cands is NULL until the first candidate: qsort(NULL, 0) is undefined */
+		qsort(srv->cands, n, sizeof(*srv->cands), cand_cmp);
 	/* Clients with prompts to prefill share the rows evenly; each client's own go FCFS. */
 	uint32_t n_clients = 0;
 	for (struct conn *c = srv->conns; c; c = c->next)

@@ -1,6 +1,7 @@
 /* server.c — the control plane on the loop thread: the socket, HELLO/SESSION/STATS, shared regions, signals. */
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -242,6 +243,7 @@ err:
 	if (p != MAP_FAILED)
 		munmap(p, total);
 	close(memfd);
+	c->memfd = -1;	/* closed here: server_conn_free must not close it (or its reuse) again */
 	if (c->kick_fd >= 0)
 		close(c->kick_fd);
 	if (c->call_fd >= 0)
@@ -503,6 +505,52 @@ static void on_kick(struct loop *l, struct loop_op *op, int res, int more)
 		conn_hangup(srv, c);
 }
 
+/*
+ * Out of file descriptors (accept failed with EMFILE/ENFILE): a connection
+ * left in the backlog would fail every re-armed accept at once, forever.
+ * Take it on the spare fd kept for this, answer its HELLO (if it arrives
+ * within 50 ms) with -EMFILE, and close it; the spare is reopened. Returns
+ * nonzero when even the spare is gone, so the caller waits before it
+ * accepts again rather than spin.
+ */
+static int shed_connection(struct server *srv, int err)
+{
+	if (srv->spare_fd < 0)
+		srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	if (srv->spare_fd < 0)
+		return 1;
+	struct pollfd lp = { .fd = srv->listen_fd, .events = POLLIN };
+	if (poll(&lp, 1, 0) != 1)
+		return 0;	/* nobody waiting: never block the loop in accept */
+	close(srv->spare_fd);
+	int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+	if (fd >= 0) {
+		struct kvd_msg_hdr h = { 0 };
+		struct pollfd pfd = { .fd = fd, .events = POLLIN };
+		if (poll(&pfd, 1, 50) == 1 &&
+		    recv(fd, &h, sizeof(h), MSG_DONTWAIT) == (ssize_t)sizeof(h) && h.magic == KVD_MAGIC) {
+			struct kvd_msg_hdr r = { .magic = KVD_MAGIC, .type = KVD_MSG_ERROR,
+						 .flags = KVD_MSGF_REPLY, .len = sizeof(r),
+						 .seq = h.seq, .status = -EMFILE };
+			if (send(fd, &r, sizeof(r), MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
+				log_msg(LOG_DEBUG, "refusal not sent: %s", strerror(errno));
+		}
+		close(fd);
+		log_msg(LOG_WARNING, "accept: %s: refused a connection", strerror(-err));
+	}
+	srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	return 0;
+}
+
+static void on_accept_retry(struct loop *l, struct loop_op *op, int res, int more)
+{
+	(void)res;
+	(void)more;
+	struct server *srv = op->data;
+	if (!srv->stopping && srv->listen_fd >= 0 && !srv->accept_op.armed)
+		loop_accept_multishot(l, &srv->accept_op, srv->listen_fd);
+}
+
 static void on_accept(struct loop *l, struct loop_op *op, int res, int more)
 {
 	struct server *srv = op->data;
@@ -538,6 +586,12 @@ static void on_accept(struct loop *l, struct loop_op *op, int res, int more)
 			KVD_PROBE(conn_open, c->pid, c->uid);
 			if (arm_recv(srv, c))
 				conn_hangup(srv, c);
+		}
+	} else if (res == -EMFILE || res == -ENFILE) {
+		if (shed_connection(srv, res) && !more && !srv->stopping && srv->listen_fd >= 0) {
+			/* Not even a spare fd: look again in 100 ms. */
+			loop_timeout(l, &srv->accept_retry_op, 100);
+			return;
 		}
 	} else if (res != -ECANCELED) {
 		log_msg(LOG_WARNING, "accept: %s", strerror(-res));
@@ -579,6 +633,8 @@ void server_conn_free(struct server *srv, struct conn *c)
  */
 static void reap(struct server *srv)
 {
+	if (srv->spare_fd < 0)	/* spent refusing a client while out of fds */
+		srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	pthread_mutex_lock(&srv->lock);
 	for (struct conn **pp = &srv->conns; *pp;) {
 		struct conn *c = *pp;
@@ -662,6 +718,7 @@ int server_create(struct server **out, const struct server_config *cfg, struct m
 	srv->be = be;
 	srv->pool = pool;
 	srv->listen_fd = srv->signal_fd = srv->reap_fd = srv->vocab_fd = -1;
+	srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	pthread_mutex_init(&srv->lock, NULL);
 	pthread_cond_init(&srv->work, NULL);
 	int rc = -ENOMEM;
@@ -711,6 +768,7 @@ int server_run(struct server *srv)
 	srv->accept_op = (struct loop_op){ .cb = on_accept, .data = srv };
 	srv->signal_op = (struct loop_op){ .cb = on_signal, .data = srv };
 	srv->reap_op = (struct loop_op){ .cb = on_reap, .data = srv };
+	srv->accept_retry_op = (struct loop_op){ .cb = on_accept_retry, .data = srv };
 	int rc = loop_accept_multishot(srv->loop, &srv->accept_op, srv->listen_fd);
 	if (!rc)
 		rc = loop_read(srv->loop, &srv->signal_op, srv->signal_fd, srv->sigbuf,
@@ -766,10 +824,23 @@ void server_destroy(struct server *srv)
 		close(srv->reap_fd);
 	if (srv->vocab_fd >= 0)
 		close(srv->vocab_fd);
+	if (srv->spare_fd >= 0)
+		close(srv->spare_fd);
 	loop_destroy(srv->loop);
 	engine_destroy(srv->eng);
 	pthread_mutex_destroy(&srv->lock);
 	pthread_cond_destroy(&srv->work);
 	free(srv->uids);
 	free(srv);
+}
+
+/* One control datagram as on_recv hands it over (tests and fuzzing enter here). */
+void server_handle_msg(struct server *srv, struct conn *c, const void *msg, size_t len)
+{
+	if (len > sizeof(c->rx)) {
+		reply_error(c, NULL, KVD_MSG_ERROR, -EMSGSIZE);
+		return;
+	}
+	memcpy(c->rx, msg, len);
+	handle_msg(srv, c, len);
 }

@@ -141,10 +141,12 @@ struct server {
 	unsigned watchdog_ms;		/* its period; 0: no watchdog */
 	int activated;			/* the socket came from systemd: not ours to unlink */
 	char socket_name[108];		/* the path it listens on, for messages */
+	struct loop_op accept_retry_op;	/* out of fds, spare included: accept again later */
 	uint8_t sigbuf[128];
 	uint64_t reap_val;
 	int vocab_fd;
 	uint32_t vocab_bytes;
+	int spare_fd;			/* /dev/null, given up to refuse a client when out of fds */
 
 	pthread_mutex_t lock;		/* guards everything below and the conns */
 	pthread_cond_t work;		/* engine thread sleeps here when idle */
@@ -183,6 +185,8 @@ void server_destroy(struct server *srv);
 struct uid_usage *server_uid(struct server *srv, uid_t uid);
 /* Free everything of a connection the engine thread has released (loop thread). */
 void server_conn_free(struct server *srv, struct conn *c);
+/* Parse, act on and answer one control message of c (len <= SRV_RXBUF), as on_recv does. */
+void server_handle_msg(struct server *srv, struct conn *c, const void *msg, size_t len);
 
 /* admit.c: requests in, completions out, on the engine thread; lock held. */
 void admit_drain_sq(struct server *srv, struct conn *c);

@@ -1,7 +1,13 @@
-/* kvd_proc.h — start a real build/kvd on a private socket for a test or benchmark, generate through it, stop it. */
+/*
+ * kvd_proc.h — a real kvd as a child process for the reliability suites
+ * (test_fault, test_limits, test_isolation): start it on a private socket
+ * with extra options, watch its fds and RSS through /proc, stop it.
+ * Include after <cmocka.h>.
+ */
 #ifndef KVD_TESTS_PROC_H
 #define KVD_TESTS_PROC_H
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -12,9 +18,8 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include <liburing.h>
 #include "shm/kvclient.h"
-
-#define KVD_PROC_BIN "build/kvd"
 
 struct kvd_proc {
 	pid_t pid;		/* 0: not running */
@@ -23,178 +28,235 @@ struct kvd_proc {
 	char log[96];
 };
 
-static inline double kvd_proc_now(void)
+static inline const char *kp_model(void)
+{
+	const char *p = getenv("KVD_MODEL");
+	return p && *p ? p : "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+
+/* $KVD_BIN (the sanitizer pass points it at its own build), else build/kvd. */
+static inline const char *kp_bin(void)
+{
+	const char *p = getenv("KVD_BIN");
+	return p && *p ? p : "build/kvd";
+}
+
+static inline int64_t kp_now_ms(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static inline void kvd_proc_sleep_ms(int ms)
+static inline void kp_sleep_ms(int ms)
 {
 	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
 	while (nanosleep(&ts, &ts) && errno == EINTR)
 		;
 }
 
-static inline void kvd_proc_log_tail(const struct kvd_proc *p)
+/* NULL when io_uring works here, else why not (the daemon needs it). */
+static inline const char *kp_no_uring(void)
 {
-	char buf[2049];
-	FILE *f = fopen(p->log, "r");
+	struct io_uring r;
+	if (io_uring_queue_init(2, &r, 0))
+		return "io_uring is unavailable (kernel or seccomp policy)";
+	io_uring_queue_exit(&r);
+	return NULL;
+}
+
+static inline void kp_log_tail(const struct kvd_proc *d)
+{
+	char buf[4097];
+	FILE *f = fopen(d->log, "r");
 	if (!f)
 		return;
 	fseek(f, 0, SEEK_END);
 	long n = ftell(f);
-	fseek(f, n > 2048 ? n - 2048 : 0, SEEK_SET);
+	fseek(f, n > 4096 ? n - 4096 : 0, SEEK_SET);
 	size_t got = fread(buf, 1, sizeof(buf) - 1, f);
 	buf[got] = 0;
 	fclose(f);
-	fprintf(stderr, "---- tail of %s ----\n%s---- end ----\n", p->log, buf);
+	print_message("---- tail of %s ----\n%s---- end ----\n", d->log, buf);
 }
 
 /*
- * fork+exec build/kvd with extra (NULL-terminated, at most 12) arguments;
- * pin_dir, when not NULL, becomes its $KVD_BPF_PIN_DIR. 0 once it accepts
- * connections, else -errno.
+ * fork+exec the daemon with the model, a private socket and extra (a
+ * NULL-terminated list, may be NULL); before exec, pre_exec(arg) runs in the
+ * child when given. 0 once it accepts connections.
  */
-static inline int kvd_proc_start(struct kvd_proc *p, const char *pin_dir, const char *const *extra)
+static inline int kp_start_ex(struct kvd_proc *d, const char *const *extra,
+			      void (*pre_exec)(void *), void *arg)
 {
-	memset(p, 0, sizeof(*p));
-	snprintf(p->dir, sizeof(p->dir), "/tmp/kvd-bpf.XXXXXX");
-	if (!mkdtemp(p->dir))
+	memset(d, 0, sizeof(*d));
+	snprintf(d->dir, sizeof(d->dir), "/tmp/kvd-rel.XXXXXX");
+	if (!mkdtemp(d->dir))
 		return -errno;
-	snprintf(p->sock, sizeof(p->sock), "%s/kvd.sock", p->dir);
-	snprintf(p->log, sizeof(p->log), "%s/kvd.log", p->dir);
-	if (access(KVD_PROC_BIN, X_OK))
+	chmod(d->dir, 0755);
+	snprintf(d->sock, sizeof(d->sock), "%s/kvd.sock", d->dir);
+	snprintf(d->log, sizeof(d->log), "%s/kvd.log", d->dir);
+	if (access(kp_bin(), X_OK)) {
+		print_message("%s is missing: run `make` first\n", kp_bin());
 		return -ENOENT;
-	const char *model = getenv("KVD_MODEL");
-	const char *argv[24] = { KVD_PROC_BIN, "--socket", p->sock, "--log-level", "info" };
-	int n = 5;
-	if (model && *model) {
-		argv[n++] = "--model";
-		argv[n++] = model;
 	}
-	for (int i = 0; extra && extra[i] && n < 23; i++)
+	const char *argv[48] = { kp_bin(), "--model", kp_model(), "--socket", d->sock,
+				 "--drain-timeout", "2000" };
+	int n = 7;
+	for (int i = 0; extra && extra[i] && n < 46; i++)
 		argv[n++] = extra[i];
-	int logfd = open(p->log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	argv[n] = NULL;
+	int logfd = open(d->log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 	if (logfd < 0)
 		return -errno;
-	pid_t parent = getpid();
 	pid_t pid = fork();
 	if (pid < 0) {
 		close(logfd);
 		return -errno;
 	}
 	if (pid == 0) {
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		if (getppid() != parent)
-			_exit(1);
-		if (pin_dir)
-			setenv("KVD_BPF_PIN_DIR", pin_dir, 1);
 		int null = open("/dev/null", O_RDONLY);
 		if (null < 0 || dup2(null, 0) < 0 || dup2(logfd, 1) < 0 || dup2(logfd, 2) < 0)
 			_exit(126);
-		execv(KVD_PROC_BIN, (char **)argv);
+		if (null > 2)
+			close(null);
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (pre_exec)
+			pre_exec(arg);
+		execv(argv[0], (char *const *)argv);
 		_exit(127);
 	}
 	close(logfd);
-	p->pid = pid;
-	for (double end = kvd_proc_now() + 60; kvd_proc_now() < end; kvd_proc_sleep_ms(20)) {
+	d->pid = pid;
+	for (int64_t end = kp_now_ms() + 30000; kp_now_ms() < end; kp_sleep_ms(20)) {
 		struct kvc_conn *c;
 		int st;
-		if (kvc_connect(&c, p->sock) == 0) {
+		if (!kvc_connect(&c, d->sock)) {
 			kvc_close(c);
 			return 0;
 		}
 		if (waitpid(pid, &st, WNOHANG) == pid) {
-			p->pid = 0;
-			kvd_proc_log_tail(p);
+			d->pid = 0;
+			print_message("kvd exited while starting (wait status %#x)\n", st);
+			kp_log_tail(d);
 			return -ECHILD;
 		}
 	}
+	print_message("kvd did not answer within 30 s\n");
+	kp_log_tail(d);
 	kill(pid, SIGKILL);
 	waitpid(pid, NULL, 0);
-	p->pid = 0;
-	kvd_proc_log_tail(p);
+	d->pid = 0;
 	return -ETIMEDOUT;
 }
 
-/* SIGTERM (or sig), wait up to 10 s; the wait status, or -1 when it had to be killed. */
-static inline int kvd_proc_stop(struct kvd_proc *p, int sig)
+static inline int kp_start(struct kvd_proc *d, const char *const *extra)
 {
-	int st = -1;
-	if (!p->pid)
-		return 0;
-	kill(p->pid, sig);
-	for (double end = kvd_proc_now() + 10; kvd_proc_now() < end; kvd_proc_sleep_ms(10))
-		if (waitpid(p->pid, &st, WNOHANG) == p->pid) {
-			p->pid = 0;
-			return st;
-		}
-	kill(p->pid, SIGKILL);
-	waitpid(p->pid, NULL, 0);
-	p->pid = 0;
-	return -1;
+	return kp_start_ex(d, extra, NULL, NULL);
 }
 
-static inline void kvd_proc_cleanup(struct kvd_proc *p)
+/* SIGTERM and up to 15 s to drain: 0 when it exited with status 0. */
+static inline int kp_stop(struct kvd_proc *d)
 {
-	kvd_proc_stop(p, SIGTERM);
-	if (p->dir[0]) {
-		unlink(p->sock);
-		unlink(p->log);
-		rmdir(p->dir);
+	if (!d->pid)
+		return 0;
+	kill(d->pid, SIGTERM);
+	int st = 0;
+	pid_t w;
+	int64_t end = kp_now_ms() + 15000;
+	while ((w = waitpid(d->pid, &st, WNOHANG)) == 0 && kp_now_ms() < end)
+		kp_sleep_ms(10);
+	if (w == 0) {
+		kill(d->pid, SIGKILL);
+		waitpid(d->pid, &st, 0);
 	}
+	d->pid = 0;
+	int ok = w > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+	if (!ok) {
+		print_message("kvd did not exit cleanly (wait status %#x)\n", st);
+		kp_log_tail(d);
+	}
+	unlink(d->log);
+	unlink(d->sock);
+	rmdir(d->dir);
+	return ok ? 0 : -1;
+}
+
+/* Open fds of pid, from /proc/PID/fd; -1 when unreadable. */
+static inline int kp_fds(pid_t pid)
+{
+	char path[64];
+	snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+	DIR *d = opendir(path);
+	if (!d)
+		return -1;
+	int n = 0;
+	struct dirent *e;
+	while ((e = readdir(d)))
+		if (e->d_name[0] != '.')
+			n++;
+	closedir(d);
+	return n;
+}
+
+/* A field of /proc/PID/status in kB (VmRSS, RssAnon, ...); -1 when missing. */
+static inline long kp_status_kb(pid_t pid, const char *field)
+{
+	char path[64], line[256];
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return -1;
+	long v = -1;
+	size_t n = strlen(field);
+	while (fgets(line, sizeof(line), f))
+		if (!strncmp(line, field, n) && line[n] == ':') {
+			v = strtol(line + n + 1, NULL, 10);
+			break;
+		}
+	fclose(f);
+	return v;
+}
+
+/* Whether pid runs with AddressSanitizer (its allocator keeps freed memory resident). */
+static inline int kp_asan(pid_t pid)
+{
+	char path[64], line[512];
+	snprintf(path, sizeof(path), "/proc/%d/maps", (int)pid);
+	FILE *f = fopen(path, "r");
+	int yes = 0;
+	while (f && !yes && fgets(line, sizeof(line), f))
+		yes = strstr(line, "libasan") != NULL;
+	if (f)
+		fclose(f);
+	return yes;
+}
+
+/* STATS through a connection of its own (which counts as one). */
+static inline int kp_stats(const struct kvd_proc *d, struct kvd_stats_rep *st)
+{
+	struct kvc_conn *c;
+	int rc = kvc_connect(&c, d->sock);
+	if (rc)
+		return rc;
+	rc = kvc_stats(c, st);
+	kvc_close(c);
+	return rc;
 }
 
 /*
- * n requests on slots 0..n-1 of one session, all in flight together:
- * request i feeds n_prompt[i] ids from prompts[i] and generates exactly
- * max_out[i] tokens (EOS ignored). Returns the tokens generated, or -errno.
+ * Wait until nothing is held: no other connection, no session, no KV block
+ * in use. 0, or -ETIMEDOUT with the last figures in *st.
  */
-static inline int kvd_proc_generate(const char *sock, unsigned n, const uint32_t *const *prompts,
-				    const uint32_t *n_prompt, const uint32_t *max_out)
+static inline int kp_wait_idle(const struct kvd_proc *d, struct kvd_stats_rep *st, int ms)
 {
-	struct kvc_conn *c;
-	uint32_t sid;
-	int rc = kvc_connect(&c, sock);
-	if (rc)
-		return rc;
-	if ((rc = kvc_session_open(c, &sid)))
-		goto out;
-	uint8_t *arena = kvc_arena(c, NULL);
-	int total = 0;
-	for (unsigned i = 0; i < n; i++) {
-		uint32_t in, out;
-		struct kvd_sqe q;
-		if ((rc = kvc_arena_alloc(c, n_prompt[i] * 4, &in)) ||
-		    (rc = kvc_arena_alloc(c, max_out[i] * 4, &out)))
-			goto out;
-		memcpy(arena + in, prompts[i], n_prompt[i] * 4);
-		kvc_prep_generate(&q, sid, i, i + 1, in, n_prompt[i], out, max_out[i]);
-		q.flags |= KVD_SQE_IGNORE_EOS;
-		if ((rc = kvc_submit(c, &q)))
-			goto out;
+	for (int64_t end = kp_now_ms() + ms;; kp_sleep_ms(20)) {
+		/* A daemon short of fds may refuse this connection for a moment. */
+		int rc = kp_stats(d, st);
+		if (!rc && st->connections == 1 && st->sessions == 0 && st->kv_blocks_used == 0)
+			return 0;
+		if (kp_now_ms() >= end)
+			return rc ? rc : -ETIMEDOUT;
 	}
-	for (unsigned done = 0; done < n;) {
-		struct kvd_cqe e;
-		if ((rc = kvc_wait(c, &e, 60000)) == -EINTR)
-			continue;
-		if (rc)
-			goto out;
-		if (e.flags & KVD_CQE_MORE)
-			continue;
-		if (e.res < 0) {
-			rc = e.res;
-			goto out;
-		}
-		total += e.res;
-		done++;
-	}
-	rc = total;
-out:
-	kvc_close(c);
-	return rc;
 }
 
 #endif

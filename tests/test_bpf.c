@@ -13,7 +13,7 @@
 #include <bpf/bpf.h>
 #include "bpf/kvd_load.h"
 #include "bpf/kvd_maps.h"
-#include "tests/kvd_proc.h"
+#include "tests/bpf_proc.h"
 
 /*
  * Runs as root (CI does) and skips with the reason otherwise. Every daemon

@@ -40,7 +40,6 @@
  * never would.
  */
 
-#define KVD_BIN		"build/kvd"
 #define KV_BLOCKS	"256"		/* 4096 positions of 16: plenty, and quick to reserve */
 #define OUT_OFF		4096		/* arena byte offset of the sampled ids; prompts sit at 0 */
 #define WAIT_MS		20000		/* a CQE that takes longer than this is lost */
@@ -53,6 +52,13 @@ static const char *model_path(void)
 {
 	const char *p = getenv("KVD_MODEL");
 	return p && *p ? p : "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+
+/* The daemon under test: $KVD_BIN (a sanitizer build lives elsewhere), else build/kvd. */
+static const char *kvd_bin(void)
+{
+	const char *p = getenv("KVD_BIN");
+	return p && *p ? p : "build/kvd";
 }
 
 static int64_t now_ms(void)
@@ -134,8 +140,8 @@ static int daemon_start(const char *threads)
 	}
 	snprintf(D.sock, sizeof(D.sock), "%s/kvd.sock", D.dir);
 	snprintf(D.log, sizeof(D.log), "%s/kvd.log", D.dir);
-	if (access(KVD_BIN, X_OK)) {
-		print_message("%s is missing: run `make` first\n", KVD_BIN);
+	if (access(kvd_bin(), X_OK)) {
+		print_message("%s is missing: run `make` first\n", kvd_bin());
 		return -ENOENT;
 	}
 	int logfd = open(D.log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -148,7 +154,7 @@ static int daemon_start(const char *threads)
 		return rc;
 	}
 	if (pid == 0) {
-		char *argv[] = { KVD_BIN, "--model", (char *)model_path(), "--socket", D.sock,
+		char *argv[] = { (char *)kvd_bin(), "--model", (char *)model_path(), "--socket", D.sock,
 				 "--kv-blocks", KV_BLOCKS, "--drain-timeout", "2000",
 				 "--log-level", "debug", NULL, NULL, NULL };
 		if (threads) {
@@ -160,7 +166,7 @@ static int daemon_start(const char *threads)
 			_exit(126);
 		/* A test that crashes takes its daemon with it. */
 		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		execv(KVD_BIN, argv);
+		execv(kvd_bin(), argv);
 		_exit(127);
 	}
 	close(logfd);

@@ -69,10 +69,11 @@ static int have_io_uring(void)
 	return 1;
 }
 
-/* Start build/kvd with extra arguments (NULL-terminated) and wait until it answers. */
+/* Start the daemon ($KVD_BIN, else build/kvd) with extra arguments (NULL-terminated) and wait until it answers. */
 static void daemon_start(struct daemon *d, ...)
 {
-	const char *argv[32] = { "build/kvd", "--model", model_path(), "--socket", d->sock,
+	const char *kvd = getenv("KVD_BIN");
+	const char *argv[32] = { kvd && *kvd ? kvd : "build/kvd", "--model", model_path(), "--socket", d->sock,
 				 "--kv-mem", "64M" };
 	int n = 7;
 	va_list ap;

@@ -8,11 +8,32 @@ BENCH_BINS := $(BENCH_SRCS:tests/%.c=$(B)/tests/%)
 $(B)/tests/%: $(B)/tests/%.o $(CORE_LIB) $(B)/libkvclient.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) -lcmocka
 
-# Shell tests run after the programs: test_install.sh installs into a scratch DESTDIR.
-TEST_SCRIPTS := $(wildcard tests/test_*.sh)
+# `make test` runs the suites and the fuzz corpora (test-suites), then, unless
+# TEST_EXTRA=0, once more with SANITIZE=1 (ASan + UBSan) in $(B)/asan with the
+# daemon taken from there (KVD_BIN), and the unit suite under valgrind. The
+# valgrind set is what runs in seconds natively (about 25 s under valgrind on
+# 2 cores): the compute-bound suites (kernels, engine, golden, sampler
+# statistics) would take many minutes and are covered by the ASan pass.
+TEST_EXTRA ?= 1
+VALGRIND_BINS := $(patsubst %,$(B)/tests/test_%,kvpool gguf tokenizer paged) $(FUZZ_REPLAY)
 
-test: all $(TEST_BINS)
+# Shell tests run after the programs, in the plain pass only: test_install.sh
+# installs into a scratch DESTDIR.
+TEST_SCRIPTS := $(if $(filter 1,$(SANITIZE)),,$(wildcard tests/test_*.sh))
+
+.PHONY: test-suites
+test-suites: all $(TEST_BINS) $(FUZZ_REPLAY)
 	@sh tests/run.sh $(TEST_BINS) $(TEST_SCRIPTS)
+	@sh tests/fuzz/replay.sh $(FUZZ_REPLAY)
+
+test: test-suites
+ifeq ($(TEST_EXTRA),1)
+ifneq ($(SANITIZE),1)
+	@echo "=== the suites again under ASan + UBSan ($(B)/asan; the CUDA code is compiled once, in the plain pass)"
+	@KVD_BIN=$(B)/asan/kvd $(MAKE) --no-print-directory B=$(B)/asan SANITIZE=1 CUDA=0 TEST_EXTRA=0 test-suites
+endif
+	@sh tests/valgrind.sh $(VALGRIND_BINS)
+endif
 
 bench: all $(BENCH_BINS)
 	@sh tests/bench.sh $(BENCH_BINS)

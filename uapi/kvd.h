@@ -24,10 +24,31 @@
  *     -EBUSY      too many requests in flight for the connection or its uid
  *     -ENOSPC     the KV-cache pool cannot hold the request
  *     -EDQUOT     the caller's uid is over a quota (KV cache, shared-region bytes)
- *     -EMFILE     too many sessions for this connection or uid
+ *     -EMFILE     too many sessions for this connection or uid; or the daemon
+ *                 is out of file descriptors (RLIMIT_NOFILE): SESSION_OPEN could
+ *                 not create the region's memfd or eventfds, or a new
+ *                 connection is refused (its HELLO answered with a
+ *                 KVD_MSG_ERROR reply of status -EMFILE, then closed)
  *     -ESHUTDOWN  the daemon is draining and takes no new work
  *     -ECANCELED  the request was cancelled (by CANCEL or by session close)
  *     -EIO        the compute backend failed; the daemon stays up
+ *
+ * Resource exhaustion never takes the daemon down, and each case clears by
+ * itself once the pressure goes:
+ *   KV pool full    a request that could never fit completes -ENOSPC at
+ *                   once; requests that fit wait (or preempt idle sequences,
+ *                   recomputed later) until blocks are free.
+ *   uid quotas      -EDQUOT (KV blocks: --kv-quota; region bytes), -EMFILE
+ *                   (sessions), -EBUSY (requests in flight); counts drop as
+ *                   that uid's sessions and connections go.
+ *   out of fds      -EMFILE as above; the daemon keeps serving the
+ *                   connections it has.
+ *   CQ full         not an error: completions wait in the daemon, in order
+ *                   (KVD_RING_CQ_OVERFLOW set, overflow = how many); while
+ *                   a CQ's worth waits, the daemon stops consuming that
+ *                   client's SQ (its submissions then see a full SQ) and
+ *                   generates nothing more for it. Reading the CQ resumes
+ *                   everything; nothing is dropped.
  */
 
 #define KVD_MAGIC        0x3144564bU /* "KVD1" little-endian */

@@ -1,0 +1,38 @@
+# tests/fuzz/ — every tests/fuzz/fuzz_<name>.c is a libFuzzer target with its
+# seed corpus in tests/fuzz/corpus/<name>/. Two builds of each:
+#   $(B)/fuzz/replay_<name>  plain $(CC) (+ SANITIZE flags) with replay.c's main:
+#                            `make test` feeds it every committed corpus file;
+#   $(B)/lf/fuzz_<name>      clang -fsanitize=fuzzer,address,undefined over its
+#                            own CPU-only build of the core: `make fuzz
+#                            FUZZ_SECONDS=N` runs each target N seconds.
+FUZZ_SRCS   := $(wildcard tests/fuzz/fuzz_*.c)
+FUZZ_NAMES  := $(FUZZ_SRCS:tests/fuzz/fuzz_%.c=%)
+FUZZ_REPLAY := $(FUZZ_NAMES:%=$(B)/fuzz/replay_%)
+FUZZ_BINS   := $(FUZZ_NAMES:%=$(B)/lf/fuzz_%)
+FUZZ_SECONDS ?= 60
+FUZZ_CC     ?= clang
+FUZZ_CFLAGS := -std=gnu11 -g -O1 -fno-omit-frame-pointer -pthread -D_GNU_SOURCE -fPIC \
+	-ffp-contract=off -fsanitize=address,undefined -fno-sanitize-recover=undefined \
+	-Wno-gnu-variable-sized-type-not-at-end
+FUZZ_LDLIBS := -lm -pthread -lxxhash -luring
+# The compute kernels (GCC target pragmas clang does not take, and no parser
+# in them) are linked from the ordinary build, uninstrumented.
+FUZZ_CORE   := $(patsubst %.c,$(B)/lf/%.o,$(DAEMON_SRCS) $(KVC_SRCS)) $(KERNELS_SRCS:%.c=$(B)/%.o)
+
+$(B)/fuzz/replay_%: $(B)/tests/fuzz/fuzz_%.o $(B)/tests/fuzz/replay.o $(CORE_LIB) $(B)/libkvclient.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(B)/lf/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) -I. -MMD -MP $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c -o $@ $<
+
+$(B)/lf/fuzz_%: $(B)/lf/tests/fuzz/fuzz_%.o $(FUZZ_CORE)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $^ $(FUZZ_LDLIBS)
+
+.PHONY: fuzz fuzz-replay
+fuzz: $(FUZZ_BINS)
+	@sh tests/fuzz/run.sh $(FUZZ_SECONDS) $(FUZZ_BINS)
+
+fuzz-replay: $(FUZZ_REPLAY)
+	@sh tests/fuzz/replay.sh $(FUZZ_REPLAY)
