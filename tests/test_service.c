@@ -223,8 +223,8 @@ static int start(void)
 	if (pid == 0) {
 		char *argv[] = { "systemd-socket-activate", "--seqpacket", "-l", S.sock,
 				 "-E", e_notify, "-E", e_wd, "-E", e_conf,
-				 kvd_bin(), "--model", (char *)model_path(), "--log-level", "info",
-				 "--drain-timeout", "3000", NULL };
+				 (char *)kvd_bin(), "--model", (char *)model_path(), "--log-level", "info",
+				 "--drain-timeout", "3000", "--bpf", "off", NULL };
 		int null = open("/dev/null", O_RDONLY);
 		if (null < 0 || dup2(null, 0) < 0 || dup2(logfd, 1) < 0 || dup2(logfd, 2) < 0)
 			_exit(126);
@@ -383,8 +383,11 @@ static void test_watchdog_interval(void **state)
 	NEED_DAEMON();
 	int64_t t[16];
 	int n = 0;
-	int64_t end = now_ms() + 3200;
 	struct note m = { .pid = 0 };
+	/* Pings queued while earlier tests ran arrive at once: drain them first. */
+	while (!next_note(&m, 0))
+		;
+	int64_t end = now_ms() + 3200;
 	while (n < 16 && now_ms() < end && !wait_note("WATCHDOG=1", (int)(end - now_ms()), &m, NULL, 0))
 		t[n++] = m.at_ms;
 	print_message("%d watchdog pings in 3.2 s, gaps (ms):", n);
