@@ -100,8 +100,8 @@ static inline int kp_start_ex(struct kvd_proc *d, const char *const *extra,
 		return -ENOENT;
 	}
 	const char *argv[48] = { kp_bin(), "--model", kp_model(), "--socket", d->sock,
-				 "--drain-timeout", "2000" };
-	int n = 7;
+				 "--drain-timeout", "2000", "--bpf", "off" };
+	int n = 9;
 	for (int i = 0; extra && extra[i] && n < 46; i++)
 		argv[n++] = extra[i];
 	argv[n] = NULL;

@@ -156,10 +156,10 @@ static int daemon_start(const char *threads)
 	if (pid == 0) {
 		char *argv[] = { (char *)kvd_bin(), "--model", (char *)model_path(), "--socket", D.sock,
 				 "--kv-blocks", KV_BLOCKS, "--drain-timeout", "2000",
-				 "--log-level", "debug", NULL, NULL, NULL };
+				 "--log-level", "debug", "--bpf", "off", NULL, NULL, NULL };
 		if (threads) {
-			argv[11] = "--threads";
-			argv[12] = (char *)threads;
+			argv[13] = "--threads";
+			argv[14] = (char *)threads;
 		}
 		int null = open("/dev/null", O_RDONLY);
 		if (null < 0 || dup2(null, 0) < 0 || dup2(logfd, 1) < 0 || dup2(logfd, 2) < 0)

@@ -74,8 +74,8 @@ static void daemon_start(struct daemon *d, ...)
 {
 	const char *kvd = getenv("KVD_BIN");
 	const char *argv[32] = { kvd && *kvd ? kvd : "build/kvd", "--model", model_path(), "--socket", d->sock,
-				 "--kv-mem", "64M" };
-	int n = 7;
+				 "--kv-mem", "64M", "--bpf", "off" };
+	int n = 9;
 	va_list ap;
 	va_start(ap, d);
 	const char *a;
