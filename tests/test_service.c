@@ -223,7 +223,7 @@ static int start(void)
 	if (pid == 0) {
 		char *argv[] = { "systemd-socket-activate", "--seqpacket", "-l", S.sock,
 				 "-E", e_notify, "-E", e_wd, "-E", e_conf,
-				 kvd_bin(), "--model", (char *)model_path(), "--log-level", "info",
+				 (char *)kvd_bin(), "--model", (char *)model_path(), "--log-level", "info",
 				 "--drain-timeout", "3000", "--bpf", "off", NULL };
 		int null = open("/dev/null", O_RDONLY);
 		if (null < 0 || dup2(null, 0) < 0 || dup2(logfd, 1) < 0 || dup2(logfd, 2) < 0)
