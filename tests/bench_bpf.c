@@ -4,7 +4,7 @@
 #include <string.h>
 #include "bpf/kvd_load.h"
 #include "tests/bench_util.h"
-#include "tests/bpf_proc.h"
+#include "tests/kvd_proc.h"
 
 /*
  * One daemon started with --bpf=off; this process attaches the programs
@@ -67,8 +67,8 @@ int main(void)
 		return 0;
 	}
 	snprintf(dir, sizeof(dir), "/sys/fs/bpf/kvd-bench-%d", (int)getpid());
-	const char *args[] = { "--bpf=off", "--kv-blocks", "64", "--threads", "1", NULL };
-	int rc = kvd_proc_start(&p, NULL, args);
+	const char *args[] = { "--bpf=off", "--kv-blocks", "64", "--threads", "1", "--log-level", "info", NULL };
+	int rc = kp_start(&p, args);
 	if (rc) {
 		fprintf(stderr, "bench_bpf: cannot start kvd: %s\n", strerror(-rc));
 		return 1;
@@ -108,7 +108,7 @@ int main(void)
 		if (i % 2)
 			ratio[i / 2] = on[n_on - 1] / off[n_off - 1];
 	}
-	kvd_proc_cleanup(&p);
+	kp_cleanup(&p);
 	if (rc)
 		return 1;
 	double mo = median(off, n_off), ma = median(on, n_on), mr = median(ratio, ROUNDS);

@@ -1,11 +1,19 @@
+/* kvd_proc.h — a real kvd as a child process for the tests and benchmarks that need one. */
 /*
- * kvd_proc.h — a real kvd as a child process for the reliability suites
- * (test_fault, test_limits, test_isolation): start it on a private socket
- * with extra options, watch its fds and RSS through /proc, stop it.
- * Include after <cmocka.h>.
+ * Used by test_fault, test_limits, test_isolation, test_bpf and bench_bpf:
+ * start it on a private socket with extra options, watch its fds and RSS
+ * through /proc, generate through it, signal it, stop it. Its daemons run
+ * with --bpf off (no pins in /sys/fs/bpf/kvd) unless the caller gives a
+ * --bpf of its own; $KVD_BIN and $KVD_MODEL choose the daemon and model.
  */
 #ifndef KVD_TESTS_PROC_H
 #define KVD_TESTS_PROC_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
 
 #include <dirent.h>
 #include <errno.h>
@@ -80,46 +88,71 @@ static inline void kp_log_tail(const struct kvd_proc *d)
 	print_message("---- tail of %s ----\n%s---- end ----\n", d->log, buf);
 }
 
+/* Whether extra (NULL-terminated, may be NULL) sets --bpf itself. */
+static inline int kp_has_bpf(const char *const *extra)
+{
+	for (int i = 0; extra && extra[i]; i++)
+		if (!strcmp(extra[i], "--bpf") || !strncmp(extra[i], "--bpf=", 6))
+			return 1;
+	return 0;
+}
+
 /*
  * fork+exec the daemon with the model, a private socket and extra (a
- * NULL-terminated list, may be NULL); before exec, pre_exec(arg) runs in the
- * child when given. 0 once it accepts connections.
+ * NULL-terminated list of at most 38, may be NULL); --bpf off unless extra
+ * has a --bpf. Before exec, pre_exec(arg) runs in the child when given.
+ * 0 once it accepts connections, else -errno; d->dir is set from the
+ * mkdtemp on, so kp_cleanup() removes what a failed start left.
  */
 static inline int kp_start_ex(struct kvd_proc *d, const char *const *extra,
 			      void (*pre_exec)(void *), void *arg)
 {
 	memset(d, 0, sizeof(*d));
-	snprintf(d->dir, sizeof(d->dir), "/tmp/kvd-rel.XXXXXX");
-	if (!mkdtemp(d->dir))
-		return -errno;
-	chmod(d->dir, 0755);
-	snprintf(d->sock, sizeof(d->sock), "%s/kvd.sock", d->dir);
-	snprintf(d->log, sizeof(d->log), "%s/kvd.log", d->dir);
 	if (access(kp_bin(), X_OK)) {
 		print_message("%s is missing: run `make` first\n", kp_bin());
 		return -ENOENT;
 	}
+	snprintf(d->dir, sizeof(d->dir), "/tmp/kvd-proc.XXXXXX");
+	if (!mkdtemp(d->dir)) {
+		d->dir[0] = 0;
+		return -errno;
+	}
+	chmod(d->dir, 0755);
+	snprintf(d->sock, sizeof(d->sock), "%s/kvd.sock", d->dir);
+	snprintf(d->log, sizeof(d->log), "%s/kvd.log", d->dir);
 	const char *argv[48] = { kp_bin(), "--model", kp_model(), "--socket", d->sock,
-				 "--drain-timeout", "2000", "--bpf", "off" };
-	int n = 9;
-	for (int i = 0; extra && extra[i] && n < 46; i++)
+				 "--drain-timeout", "2000" };
+	int n = 7;
+	if (!kp_has_bpf(extra)) {
+		argv[n++] = "--bpf";
+		argv[n++] = "off";
+	}
+	for (int i = 0; extra && extra[i]; i++) {
+		if (n >= 47) {
+			print_message("kp_start: too many options\n");
+			return -E2BIG;
+		}
 		argv[n++] = extra[i];
+	}
 	argv[n] = NULL;
 	int logfd = open(d->log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 	if (logfd < 0)
 		return -errno;
+	pid_t parent = getpid();
 	pid_t pid = fork();
 	if (pid < 0) {
 		close(logfd);
 		return -errno;
 	}
 	if (pid == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (getppid() != parent)
+			_exit(1);
 		int null = open("/dev/null", O_RDONLY);
 		if (null < 0 || dup2(null, 0) < 0 || dup2(logfd, 1) < 0 || dup2(logfd, 2) < 0)
 			_exit(126);
 		if (null > 2)
 			close(null);
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
 		if (pre_exec)
 			pre_exec(arg);
 		execv(argv[0], (char *const *)argv);
@@ -127,7 +160,7 @@ static inline int kp_start_ex(struct kvd_proc *d, const char *const *extra,
 	}
 	close(logfd);
 	d->pid = pid;
-	for (int64_t end = kp_now_ms() + 30000; kp_now_ms() < end; kp_sleep_ms(20)) {
+	for (int64_t end = kp_now_ms() + 60000; kp_now_ms() < end; kp_sleep_ms(20)) {
 		struct kvc_conn *c;
 		int st;
 		if (!kvc_connect(&c, d->sock)) {
@@ -141,7 +174,7 @@ static inline int kp_start_ex(struct kvd_proc *d, const char *const *extra,
 			return -ECHILD;
 		}
 	}
-	print_message("kvd did not answer within 30 s\n");
+	print_message("kvd did not answer within 60 s\n");
 	kp_log_tail(d);
 	kill(pid, SIGKILL);
 	waitpid(pid, NULL, 0);
@@ -154,12 +187,22 @@ static inline int kp_start(struct kvd_proc *d, const char *const *extra)
 	return kp_start_ex(d, extra, NULL, NULL);
 }
 
-/* SIGTERM and up to 15 s to drain: 0 when it exited with status 0. */
-static inline int kp_stop(struct kvd_proc *d)
+/* A pre_exec for kp_start_ex: dir (a string) becomes the child's $KVD_BPF_PIN_DIR. */
+static inline void kp_pin_dir_env(void *dir)
+{
+	if (dir && setenv("KVD_BPF_PIN_DIR", dir, 1))
+		_exit(126);
+}
+
+/*
+ * Send sig and wait up to 15 s: the wait status (0 when it was not
+ * running), or -1 when it had to be killed. Its files stay.
+ */
+static inline int kp_kill(struct kvd_proc *d, int sig)
 {
 	if (!d->pid)
 		return 0;
-	kill(d->pid, SIGTERM);
+	kill(d->pid, sig);
 	int st = 0;
 	pid_t w;
 	int64_t end = kp_now_ms() + 15000;
@@ -167,17 +210,36 @@ static inline int kp_stop(struct kvd_proc *d)
 		kp_sleep_ms(10);
 	if (w == 0) {
 		kill(d->pid, SIGKILL);
-		waitpid(d->pid, &st, 0);
+		waitpid(d->pid, NULL, 0);
 	}
 	d->pid = 0;
-	int ok = w > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+	return w > 0 ? st : -1;
+}
+
+/* Stop it if running (SIGTERM, no check) and remove its socket, log and dir. */
+static inline void kp_cleanup(struct kvd_proc *d)
+{
+	kp_kill(d, SIGTERM);
+	if (d->dir[0]) {
+		unlink(d->log);
+		unlink(d->sock);
+		rmdir(d->dir);
+		d->dir[0] = 0;
+	}
+}
+
+/* SIGTERM and up to 15 s to drain, then kp_cleanup(): 0 when it exited with status 0. */
+static inline int kp_stop(struct kvd_proc *d)
+{
+	if (!d->pid)
+		return 0;
+	int st = kp_kill(d, SIGTERM);
+	int ok = st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0;
 	if (!ok) {
 		print_message("kvd did not exit cleanly (wait status %#x)\n", st);
 		kp_log_tail(d);
 	}
-	unlink(d->log);
-	unlink(d->sock);
-	rmdir(d->dir);
+	kp_cleanup(d);
 	return ok ? 0 : -1;
 }
 
@@ -257,6 +319,56 @@ static inline int kp_wait_idle(const struct kvd_proc *d, struct kvd_stats_rep *s
 		if (kp_now_ms() >= end)
 			return rc ? rc : -ETIMEDOUT;
 	}
+}
+
+/*
+ * n requests on slots 0..n-1 of one session, all in flight together:
+ * request i feeds n_prompt[i] ids from prompts[i] and generates exactly
+ * max_out[i] tokens (EOS ignored). Returns the tokens generated, or -errno.
+ */
+static inline int kp_generate(const char *sock, unsigned n, const uint32_t *const *prompts,
+			      const uint32_t *n_prompt, const uint32_t *max_out)
+{
+	struct kvc_conn *c;
+	uint32_t sid;
+	int rc = kvc_connect(&c, sock);
+	if (rc)
+		return rc;
+	if ((rc = kvc_session_open(c, &sid)))
+		goto out;
+	uint8_t *arena = kvc_arena(c, NULL);
+	int total = 0;
+	for (unsigned i = 0; i < n; i++) {
+		uint32_t in, out;
+		struct kvd_sqe q;
+		if ((rc = kvc_arena_alloc(c, n_prompt[i] * 4, &in)) ||
+		    (rc = kvc_arena_alloc(c, max_out[i] * 4, &out)))
+			goto out;
+		memcpy(arena + in, prompts[i], n_prompt[i] * 4);
+		kvc_prep_generate(&q, sid, i, i + 1, in, n_prompt[i], out, max_out[i]);
+		q.flags |= KVD_SQE_IGNORE_EOS;
+		if ((rc = kvc_submit(c, &q)))
+			goto out;
+	}
+	for (unsigned done = 0; done < n;) {
+		struct kvd_cqe e;
+		if ((rc = kvc_wait(c, &e, 60000)) == -EINTR)
+			continue;
+		if (rc)
+			goto out;
+		if (e.flags & KVD_CQE_MORE)
+			continue;
+		if (e.res < 0) {
+			rc = e.res;
+			goto out;
+		}
+		total += e.res;
+		done++;
+	}
+	rc = total;
+out:
+	kvc_close(c);
+	return rc;
 }
 
 #endif

@@ -13,7 +13,7 @@
 #include <bpf/bpf.h>
 #include "bpf/kvd_load.h"
 #include "bpf/kvd_maps.h"
-#include "tests/bpf_proc.h"
+#include "tests/kvd_proc.h"
 
 /*
  * Runs as root (CI does) and skips with the reason otherwise. Every daemon
@@ -113,8 +113,8 @@ static int setup_daemon(void **state)
 		return 0;
 	snprintf(pin_dir, sizeof(pin_dir), "/sys/fs/bpf/kvd-test-%d", (int)getpid());
 	/* A small pool: three concurrent requests preempt one another and evict cached blocks. */
-	const char *args[] = { "--bpf=on", "--kv-blocks", "7", "--threads", "2", NULL };
-	int rc = kvd_proc_start(&P, pin_dir, args);
+	const char *args[] = { "--bpf=on", "--kv-blocks", "7", "--threads", "2", "--log-level", "info", NULL };
+	int rc = kp_start_ex(&P, args, kp_pin_dir_env, pin_dir);
 	if (rc)
 		print_error("cannot start kvd: %s\n", strerror(-rc));
 	return rc ? -1 : 0;
@@ -123,7 +123,7 @@ static int setup_daemon(void **state)
 static int teardown_daemon(void **state)
 {
 	(void)state;
-	kvd_proc_cleanup(&P);
+	kp_cleanup(&P);
 	return 0;
 }
 
@@ -163,7 +163,7 @@ static void test_exact_counters(void **state)
 	__u64 uttft0 = hist_count(pin_dir, uid, KVD_HIST_TTFT);
 	/* Twice: the second round finds the first round's prefixes cached (or evicted). */
 	for (int round = 0; round < 2; round++)
-		assert_int_equal(kvd_proc_generate(P.sock, 3, prompts, n_prompt, max_out), (int)N);
+		assert_int_equal(kp_generate(P.sock, 3, prompts, n_prompt, max_out), (int)N);
 	struct kvd_counters c1 = counters(pin_dir);
 	struct kvd_stats_rep s1 = stats(P.sock);
 
@@ -216,7 +216,7 @@ static void test_bpftool_dump(void **state)
 	uint32_t a[20];
 	prompt(a, 20, 7);
 	prompts[0] = a;
-	assert_int_equal(kvd_proc_generate(P.sock, 1, prompts, (uint32_t[]){ 20 }, (uint32_t[]){ 4 }), 4);
+	assert_int_equal(kp_generate(P.sock, 1, prompts, (uint32_t[]){ 20 }, (uint32_t[]){ 4 }), 4);
 	struct kvd_counters c = counters(pin_dir);
 	char cmd[512], out[4096];
 	/* Each dump must be JSON whose "formatted" entries name the fields of kvd_maps.h. */
@@ -309,7 +309,7 @@ static void test_kvtop_agrees(void **state)
 	uint32_t a[24];
 	prompt(a, 24, 3);
 	const uint32_t *prompts[] = { a };
-	assert_int_equal(kvd_proc_generate(P.sock, 1, prompts, (uint32_t[]){ 24 }, (uint32_t[]){ 6 }), 6);
+	assert_int_equal(kp_generate(P.sock, 1, prompts, (uint32_t[]){ 24 }, (uint32_t[]){ 6 }), 6);
 	struct kvd_stats_rep st = stats(P.sock);	/* idle now: nothing moves until the next request */
 	char cmd[1024];
 	static char out[1 << 18];
@@ -368,22 +368,23 @@ static void test_unpinned_on_exit(void **state)
 	SKIP_UNLESS_BPF();
 	char dir[96];
 	snprintf(dir, sizeof(dir), "/sys/fs/bpf/kvd-test-exit-%d", (int)getpid());
-	const char *on[] = { "--bpf=on", "--kv-blocks", "16", "--threads", "1", NULL };
+	const char *on[] = { "--bpf=on", "--kv-blocks", "16", "--threads", "1", "--log-level", "info", NULL };
 	struct kvd_proc q;
-	assert_int_equal(kvd_proc_start(&q, dir, on), 0);
+	assert_int_equal(kp_start_ex(&q, on, kp_pin_dir_env, dir), 0);
 	assert_false(dir_gone(dir));
-	kvd_proc_stop(&q, SIGKILL);
+	kp_kill(&q, SIGKILL);
+	kp_cleanup(&q);	/* its socket and log; the pins stay */
 	assert_false(dir_gone(dir));	/* stale: nobody unpinned */
-	assert_int_equal(kvd_proc_start(&q, dir, on), 0);	/* clears them: the loader is dead */
+	assert_int_equal(kp_start_ex(&q, on, kp_pin_dir_env, dir), 0);	/* clears them: the loader is dead */
 	struct kvd_meta m;
 	__u32 zero = 0;
 	assert_int_equal(read_one(dir, "meta", &zero, &m), 0);
 	assert_int_equal(m.daemon_pid, (__u32)q.pid);
 	assert_int_equal(m.loader_pid, (__u32)q.pid);
-	int st = kvd_proc_stop(&q, SIGTERM);
+	int st = kp_kill(&q, SIGTERM);
 	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 	assert_true(dir_gone(dir));
-	kvd_proc_cleanup(&q);
+	kp_cleanup(&q);
 }
 
 /* kvtop --attach loads the programs into a daemon that did not, and takes them away on exit. */
@@ -395,9 +396,9 @@ static void test_kvtop_attach(void **state)
 		skip();
 	char dir[96], pid[16];
 	snprintf(dir, sizeof(dir), "/sys/fs/bpf/kvd-test-attach-%d", (int)getpid());
-	const char *off[] = { "--bpf=off", "--kv-blocks", "16", "--threads", "1", NULL };
+	const char *off[] = { "--bpf=off", "--kv-blocks", "16", "--threads", "1", "--log-level", "info", NULL };
 	struct kvd_proc q;
-	assert_int_equal(kvd_proc_start(&q, dir, off), 0);
+	assert_int_equal(kp_start_ex(&q, off, kp_pin_dir_env, dir), 0);
 	assert_true(dir_gone(dir));
 	snprintf(pid, sizeof(pid), "%d", (int)q.pid);
 	pid_t top = fork();
@@ -412,14 +413,14 @@ static void test_kvtop_attach(void **state)
 	}
 	char meta[128];
 	snprintf(meta, sizeof(meta), "%s/meta", dir);
-	for (double end = kvd_proc_now() + 20; access(meta, F_OK) && kvd_proc_now() < end;)
-		kvd_proc_sleep_ms(20);
+	for (int64_t end = kp_now_ms() + 20000; access(meta, F_OK) && kp_now_ms() < end;)
+		kp_sleep_ms(20);
 	assert_int_equal(access(meta, F_OK), 0);
-	kvd_proc_sleep_ms(200);	/* the meta pin is the last one: the links are in place */
+	kp_sleep_ms(200);	/* the meta pin is the last one: the links are in place */
 	uint32_t a[20];
 	prompt(a, 20, 5);
 	const uint32_t *prompts[] = { a };
-	assert_int_equal(kvd_proc_generate(q.sock, 1, prompts, (uint32_t[]){ 20 }, (uint32_t[]){ 7 }), 7);
+	assert_int_equal(kp_generate(q.sock, 1, prompts, (uint32_t[]){ 20 }, (uint32_t[]){ 7 }), 7);
 	struct kvd_counters c = counters(dir);
 	assert_int_equal(c.tokens, 7);
 	assert_int_equal(c.first_tokens, 1);
@@ -435,8 +436,8 @@ static void test_kvtop_attach(void **state)
 	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 	assert_true(dir_gone(dir));
 	/* Detached: the daemon goes on serving. */
-	assert_int_equal(kvd_proc_generate(q.sock, 1, prompts, (uint32_t[]){ 20 }, (uint32_t[]){ 2 }), 2);
-	kvd_proc_cleanup(&q);
+	assert_int_equal(kp_generate(q.sock, 1, prompts, (uint32_t[]){ 20 }, (uint32_t[]){ 2 }), 2);
+	kp_cleanup(&q);
 }
 
 /* perf sees the probes: sdt_kvd:* listed after buildid-cache --add, and perf record counts kvd:token. */
@@ -467,9 +468,9 @@ static void test_perf_sdt(void **state)
 		print_message("skipped: perf probe cannot add sdt_kvd:token here: %s\n", out);
 		skip();
 	}
-	const char *off[] = { "--bpf=off", "--kv-blocks", "16", "--threads", "1", NULL };
+	const char *off[] = { "--bpf=off", "--kv-blocks", "16", "--threads", "1", "--log-level", "info", NULL };
 	struct kvd_proc q;
-	int rc = kvd_proc_start(&q, NULL, off);
+	int rc = kp_start(&q, off);
 	if (!rc) {
 		char target[16], data[64];
 		snprintf(target, sizeof(target), "%d", (int)q.pid);
@@ -484,16 +485,16 @@ static void test_perf_sdt(void **state)
 			       (char *)NULL);
 			_exit(127);
 		}
-		kvd_proc_sleep_ms(1500);	/* perf attaches */
+		kp_sleep_ms(1500);	/* perf attaches */
 		uint32_t a[8];
 		prompt(a, 8, 9);
 		const uint32_t *prompts[] = { a };
-		rc = kvd_proc_generate(q.sock, 1, prompts, (uint32_t[]){ 8 }, (uint32_t[]){ 11 });
+		rc = kp_generate(q.sock, 1, prompts, (uint32_t[]){ 8 }, (uint32_t[]){ 11 });
 		if (rec > 0) {
 			kill(rec, SIGINT);	/* perf record writes its file and exits */
 			waitpid(rec, NULL, 0);
 		}
-		kvd_proc_cleanup(&q);
+		kp_cleanup(&q);
 	}
 	run("perf probe -q -d sdt_kvd:token 2>&1", out, sizeof(out));
 	assert_int_equal(rc, 11);
