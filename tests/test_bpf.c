@@ -458,12 +458,14 @@ static void test_perf_sdt(void **state)
 		print_message("note: no hardware counters here: perf stat -e instructions says %s", out);
 	else
 		assert_true(strtoull(out, NULL, 10) > 0);
-	snprintf(cmd, sizeof(cmd), "perf --buildid-dir %s/cache buildid-cache --add build/kvd 2>&1 && "
-		 "perf --buildid-dir %s/cache list 2>/dev/null | grep -c 'sdt_kvd:'", tmp, tmp);
+	/* The daemon this pass runs ($KVD_BIN: the sanitizer pass has its own). */
+	snprintf(cmd, sizeof(cmd), "perf --buildid-dir %s/cache buildid-cache --add %s 2>&1 && "
+		 "perf --buildid-dir %s/cache list 2>/dev/null | grep -c 'sdt_kvd:'", tmp, kp_bin(), tmp);
 	assert_int_equal(run(cmd, out, sizeof(out)), 0);
 	assert_true(atoi(out) >= 17);
 	/* perf probe makes a uprobe event of the SDT note; it is global, so it is deleted right after. */
-	snprintf(cmd, sizeof(cmd), "perf --buildid-dir %s/cache probe -q -x build/kvd sdt_kvd:token 2>&1", tmp);
+	snprintf(cmd, sizeof(cmd), "perf --buildid-dir %s/cache probe -q -x %s sdt_kvd:token 2>&1", tmp,
+		 kp_bin());
 	if (run(cmd, out, sizeof(out)) != 0) {
 		print_message("skipped: perf probe cannot add sdt_kvd:token here: %s\n", out);
 		skip();
