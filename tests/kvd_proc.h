@@ -73,10 +73,11 @@ static inline const char *kp_no_uring(void)
 	return NULL;
 }
 
-static inline void kp_log_tail(const struct kvd_proc *d)
+/* The last 4 KiB of a daemon's log, for a failing test's output. */
+static inline void kp_file_tail(const char *path)
 {
 	char buf[4097];
-	FILE *f = fopen(d->log, "r");
+	FILE *f = fopen(path, "r");
 	if (!f)
 		return;
 	fseek(f, 0, SEEK_END);
@@ -85,7 +86,12 @@ static inline void kp_log_tail(const struct kvd_proc *d)
 	size_t got = fread(buf, 1, sizeof(buf) - 1, f);
 	buf[got] = 0;
 	fclose(f);
-	print_message("---- tail of %s ----\n%s---- end ----\n", d->log, buf);
+	print_message("---- tail of %s ----\n%s---- end ----\n", path, buf);
+}
+
+static inline void kp_log_tail(const struct kvd_proc *d)
+{
+	kp_file_tail(d->log);
 }
 
 /* Whether extra (NULL-terminated, may be NULL) sets --bpf itself. */

@@ -31,6 +31,7 @@
 #include "daemon/sampler.h"
 #include "daemon/tokenizer.h"
 #include "kernels/backend.h"
+#include "tests/kvd_proc.h"
 
 /*
  * Every test gets a daemon of its own (started in setup, stopped with
@@ -98,17 +99,7 @@ static char uring_why[128];
 
 static void daemon_log_tail(void)
 {
-	char buf[4097];
-	FILE *f = fopen(D.log, "r");
-	if (!f)
-		return;
-	fseek(f, 0, SEEK_END);
-	long n = ftell(f);
-	fseek(f, n > 4096 ? n - 4096 : 0, SEEK_SET);
-	size_t got = fread(buf, 1, sizeof(buf) - 1, f);
-	buf[got] = 0;
-	fclose(f);
-	print_message("---- tail of %s ----\n%s---- end ----\n", D.log, buf);
+	kp_file_tail(D.log);
 }
 
 static int try_connect(const char *path)

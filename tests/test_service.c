@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "shm/kvclient.h"
+#include "tests/kvd_proc.h"
 
 /*
  * One daemon for the whole file, started the way systemd starts it:
@@ -80,17 +81,7 @@ static int in_path(const char *prog)
 
 static void log_tail(void)
 {
-	char buf[4097];
-	FILE *f = fopen(S.log, "r");
-	if (!f)
-		return;
-	fseek(f, 0, SEEK_END);
-	long n = ftell(f);
-	fseek(f, n > 4096 ? n - 4096 : 0, SEEK_SET);
-	size_t got = fread(buf, 1, sizeof(buf) - 1, f);
-	buf[got] = 0;
-	fclose(f);
-	print_message("---- tail of %s ----\n%s---- end ----\n", S.log, buf);
+	kp_file_tail(S.log);
 }
 
 static int log_has(const char *text)

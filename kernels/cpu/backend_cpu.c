@@ -339,37 +339,6 @@ static int cpu_write_kv(struct backend *b, const struct kb_kv_view *kv, const ui
 	return 0;
 }
 
-static void attention_task(void *ctx, uint32_t t)
-{
-	struct row_job *j = ctx;
-	const struct kb_attn_shape *sh = j->shape;
-	uint32_t r = t / sh->n_kv_heads, kvh = t % sh->n_kv_heads;
-	size_t qoff = (size_t)r * sh->n_heads * sh->head_dim +
-		      (size_t)kvh * (sh->n_heads / sh->n_kv_heads) * sh->head_dim;
-	if (ops_attention_group(j->out + qoff, j->x + qoff, j->kv, j->pos[r], kvh, sh))
-		__atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
-}
-
-static int cpu_attention(struct backend *b, float *out, const float *q,
-			 const struct kb_kv_view *kv, const uint32_t *pos, uint32_t n,
-			 const struct kb_attn_shape *shape)
-{
-	if (shape->n_kv_heads == 0 || shape->n_heads % shape->n_kv_heads ||
-	    shape->n_heads / shape->n_kv_heads > 16 || shape->head_dim > 256)
-		return -EINVAL;
-	int rc = kv_view_ok(kv, shape->n_kv_heads * shape->head_dim);
-	if (rc)
-		return rc;
-	if (kv->type == KB_Q8_0 && shape->head_dim % QK)
-		return -EINVAL;
-	for (uint32_t r = 0; r < n; r++)
-		if (pos[r] >= kv->n_blocks * kv->block_tokens)
-			return -ERANGE;
-	struct row_job j = { .out = out, .x = q, .kv = kv, .pos = pos, .shape = shape };
-	threadpool_run(CPU(b)->tp, attention_task, &j, n * shape->n_kv_heads);
-	return j.failed ? -ENOMEM : 0;
-}
-
 /* Row r's own view of a batch's K/V: the geometry with its sequence's block table. */
 static struct kb_kv_view row_view(const struct kb_kv_rows *kv, uint32_t r)
 {
@@ -377,6 +346,48 @@ static struct kb_kv_view row_view(const struct kb_kv_rows *kv, uint32_t r)
 	v.blocks = kv->tables + kv->tab_off[r];
 	v.n_blocks = kv->tab_len[r];
 	return v;
+}
+
+/* One (row, kv head) task of attention() (j->kv) or attention_rows() (j->kvr, a view per row). */
+static void attention_task(void *ctx, uint32_t t)
+{
+	struct row_job *j = ctx;
+	const struct kb_attn_shape *sh = j->shape;
+	uint32_t r = t / sh->n_kv_heads, kvh = t % sh->n_kv_heads;
+	size_t qoff = (size_t)r * sh->n_heads * sh->head_dim +
+		      (size_t)kvh * (sh->n_heads / sh->n_kv_heads) * sh->head_dim;
+	struct kb_kv_view rv = j->kvr ? row_view(j->kvr, r) : *j->kv;
+	if (ops_attention_group(j->out + qoff, j->x + qoff, &rv, j->pos[r], kvh, sh))
+		__atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
+}
+
+/* The shapes and caches the attention kernels take. */
+static int attention_ok(const struct kb_attn_shape *shape, const struct kb_kv_view *geo)
+{
+	if (shape->n_kv_heads == 0 || shape->n_heads % shape->n_kv_heads ||
+	    shape->n_heads / shape->n_kv_heads > 16 || shape->head_dim > 256)
+		return -EINVAL;
+	int rc = kv_view_ok(geo, shape->n_kv_heads * shape->head_dim);
+	if (rc)
+		return rc;
+	if (geo->type == KB_Q8_0 && shape->head_dim % QK)
+		return -EINVAL;
+	return 0;
+}
+
+static int cpu_attention(struct backend *b, float *out, const float *q,
+			 const struct kb_kv_view *kv, const uint32_t *pos, uint32_t n,
+			 const struct kb_attn_shape *shape)
+{
+	int rc = attention_ok(shape, kv);
+	if (rc)
+		return rc;
+	for (uint32_t r = 0; r < n; r++)
+		if (pos[r] >= kv->n_blocks * kv->block_tokens)
+			return -ERANGE;
+	struct row_job j = { .out = out, .x = q, .kv = kv, .pos = pos, .shape = shape };
+	threadpool_run(CPU(b)->tp, attention_task, &j, n * shape->n_kv_heads);
+	return j.failed ? -ENOMEM : 0;
 }
 
 static int cpu_write_kv_rows(struct backend *b, const struct kb_kv_rows *kv, const uint32_t *pos,
@@ -392,36 +403,19 @@ static int cpu_write_kv_rows(struct backend *b, const struct kb_kv_rows *kv, con
 	return 0;
 }
 
-static void attention_rows_task(void *ctx, uint32_t t)
-{
-	struct row_job *j = ctx;
-	const struct kb_attn_shape *sh = j->shape;
-	uint32_t r = t / sh->n_kv_heads, kvh = t % sh->n_kv_heads;
-	size_t qoff = (size_t)r * sh->n_heads * sh->head_dim +
-		      (size_t)kvh * (sh->n_heads / sh->n_kv_heads) * sh->head_dim;
-	struct kb_kv_view rv = row_view(j->kvr, r);
-	if (ops_attention_group(j->out + qoff, j->x + qoff, &rv, j->pos[r], kvh, sh))
-		__atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
-}
-
 /* Every row's query groups in one parallel pass; each is exactly what attention() computes. */
 static int cpu_attention_rows(struct backend *b, float *out, const float *q,
 			      const struct kb_kv_rows *kv, const uint32_t *pos, uint32_t n,
 			      const struct kb_attn_shape *shape)
 {
-	if (shape->n_kv_heads == 0 || shape->n_heads % shape->n_kv_heads ||
-	    shape->n_heads / shape->n_kv_heads > 16 || shape->head_dim > 256)
-		return -EINVAL;
-	int rc = kv_view_ok(&kv->geo, shape->n_kv_heads * shape->head_dim);
+	int rc = attention_ok(shape, &kv->geo);
 	if (rc)
 		return rc;
-	if (kv->geo.type == KB_Q8_0 && shape->head_dim % QK)
-		return -EINVAL;
 	for (uint32_t r = 0; r < n; r++)
 		if (pos[r] >= kv->tab_len[r] * kv->geo.block_tokens)
 			return -ERANGE;
 	struct row_job j = { .out = out, .x = q, .kvr = kv, .pos = pos, .shape = shape };
-	threadpool_run(CPU(b)->tp, attention_rows_task, &j, n * shape->n_kv_heads);
+	threadpool_run(CPU(b)->tp, attention_task, &j, n * shape->n_kv_heads);
 	return j.failed ? -ENOMEM : 0;
 }
 
