@@ -124,6 +124,22 @@ void admit_finish(struct server *srv, struct request *r, int32_t res, uint32_t f
 	admit_req_free(r);
 }
 
+void admit_close_sessions(struct server *srv, struct conn *c)
+{
+	for (uint32_t i = 0; i < SRV_MAX_SESSIONS; i++) {
+		struct session *s = c->sessions[i];
+		if (!s || !s->closing)
+			continue;
+		admit_session_release(srv, c, s, 1);
+		c->sessions[i] = NULL;
+		c->n_sessions--;
+		c->use->sessions--;
+		srv->n_sessions--;
+		free(s->slots);
+		free(s);
+	}
+}
+
 /* Cancel every request of a session and give back its sequences; notify: post completions. */
 void admit_session_release(struct server *srv, struct conn *c, struct session *s, int notify)
 {

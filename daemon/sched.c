@@ -542,18 +542,7 @@ static void housekeeping(struct server *srv)
 			admit_conn_release(srv, c);
 			continue;
 		}
-		for (uint32_t i = 0; i < SRV_MAX_SESSIONS; i++) {
-			struct session *s = c->sessions[i];
-			if (s && s->closing) {
-				admit_session_release(srv, c, s, 1);
-				c->sessions[i] = NULL;
-				c->n_sessions--;
-				c->use->sessions--;
-				srv->n_sessions--;
-				free(s->slots);
-				free(s);
-			}
-		}
+		admit_close_sessions(srv, c);
 		if (!c->region)
 			continue;
 		admit_flush_overflow(c);

@@ -199,6 +199,8 @@ void admit_req_free(struct request *r);
 void admit_slot_reset(struct server *srv, struct slot *sl);
 /* Cancel every request of a session and give back its sequences; notify: post completions. */
 void admit_session_release(struct server *srv, struct conn *c, struct session *s, int notify);
+/* At a step boundary: release c's sessions marked closing (completions posted) and free them. */
+void admit_close_sessions(struct server *srv, struct conn *c);
 /* Release a dead connection's sessions and tell the loop thread to free it. */
 void admit_conn_release(struct server *srv, struct conn *c);
 

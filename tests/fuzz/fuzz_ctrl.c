@@ -38,12 +38,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		fz_drain_replies(client, check_reply);
 		if (rec & 0x8000) {
 			pthread_mutex_lock(&srv->lock);
-			fz_close_sessions(srv, c);
+			admit_close_sessions(srv, c);
 			pthread_mutex_unlock(&srv->lock);
 		}
 	}
 	pthread_mutex_lock(&srv->lock);
-	fz_close_sessions(srv, c);
+	admit_close_sessions(srv, c);
 	pthread_mutex_unlock(&srv->lock);
 	fz_drain_replies(client, check_reply);
 	fz_conn_free(srv, c, client);

@@ -120,7 +120,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		}
 		case 2:		/* the engine thread's step boundary */
 			pthread_mutex_lock(&srv->lock);
-			fz_close_sessions(srv, c);
+			admit_close_sessions(srv, c);
 			admit_flush_overflow(c);
 			if (c->n_ovf < c->cq_entries)
 				admit_drain_sq(srv, c);
@@ -144,7 +144,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		check(srv, c);
 	}
 	pthread_mutex_lock(&srv->lock);
-	fz_close_sessions(srv, c);
+	admit_close_sessions(srv, c);
 	pthread_mutex_unlock(&srv->lock);
 	fz_conn_free(srv, c, client);
 	return 0;

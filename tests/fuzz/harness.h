@@ -156,25 +156,6 @@ static inline void fz_drain_replies(int client, void (*check)(const void *msg, s
 	}
 }
 
-/*
- * What the engine thread does at a step boundary for c: sessions marked
- * closing are released (completions posted) and freed.
- */
-static inline void fz_close_sessions(struct server *srv, struct conn *c)
-{
-	for (uint32_t i = 0; i < SRV_MAX_SESSIONS; i++) {
-		struct session *s = c->sessions[i];
-		if (!s || !s->closing)
-			continue;
-		admit_session_release(srv, c, s, 1);
-		c->sessions[i] = NULL;
-		c->n_sessions--;
-		c->use->sessions--;
-		srv->n_sessions--;
-		free(s->slots);
-		free(s);
-	}
-}
 
 /*
  * Hang-up: the engine thread's release, then the loop thread's reap. Every
