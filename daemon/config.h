@@ -5,8 +5,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
-#include "daemon/sampler.h"
-#include "daemon/server_config.h"
+#include "daemon/engine/sampler.h"
+#include "daemon/serve/server_config.h"
 
 #define CONFIG_DEFAULT_PATH "/etc/kvd/kvd.conf"
 #define CONFIG_DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -1,6 +1,7 @@
-# daemon/ — the kvd daemon. Everything but main.c also goes into a static
+# daemon/ — the kvd daemon, in rooms: model/, tokenizer/, engine/, serve/ and
+# the top (main, config, log). Everything but main.c also goes into a static
 # core library that the tests and benchmarks link.
-DAEMON_SRCS := $(filter-out daemon/main.c,$(wildcard daemon/*.c))
+DAEMON_SRCS := $(filter-out daemon/main.c,$(wildcard daemon/*.c daemon/*/*.c))
 DAEMON_OBJS := $(DAEMON_SRCS:%.c=$(B)/%.o)
 CORE_LIB    := $(B)/libkvdcore.a
 

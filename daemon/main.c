@@ -9,16 +9,16 @@
 #include <time.h>
 #include <unistd.h>
 #include "daemon/config.h"
-#include "daemon/engine.h"
-#include "daemon/gguf.h"
-#include "daemon/kvpool.h"
+#include "daemon/engine/engine.h"
+#include "daemon/model/gguf.h"
+#include "daemon/engine/kvpool.h"
 #include "daemon/log.h"
-#include "daemon/server.h"
-#include "daemon/service.h"
-#include "daemon/model.h"
-#include "daemon/obs.h"
-#include "daemon/sampler.h"
-#include "daemon/tokenizer.h"
+#include "daemon/serve/server.h"
+#include "daemon/serve/service.h"
+#include "daemon/model/model.h"
+#include "daemon/serve/obs.h"
+#include "daemon/engine/sampler.h"
+#include "daemon/tokenizer/tokenizer.h"
 #include "kernels/backend.h"
 
 #define PREFILL_ROWS 512

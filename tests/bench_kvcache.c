@@ -8,9 +8,9 @@
 #include <string.h>
 #include <time.h>
 #include "tests/bench_util.h"
-#include "daemon/engine.h"
-#include "daemon/kvpool.h"
-#include "daemon/model.h"
+#include "daemon/engine/engine.h"
+#include "daemon/engine/kvpool.h"
+#include "daemon/model/model.h"
 #include "kernels/backend.h"
 
 #define RUNS 5

@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
-#include "daemon/model.h"
+#include "daemon/model/model.h"
 
 static inline double now_s(void)
 {

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/kvpool.h"
+#include "daemon/engine/kvpool.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/quant.h"
 #include "kernels/cuda/hostcheck.h"

@@ -11,9 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/engine.h"
-#include "daemon/kvpool.h"
-#include "daemon/model.h"
+#include "daemon/engine/engine.h"
+#include "daemon/engine/kvpool.h"
+#include "daemon/model/model.h"
 #include "kernels/backend.h"
 #include "tests/devsim.h"
 

@@ -25,11 +25,11 @@
 
 #include "uapi/kvd.h"
 #include "shm/kvring.h"
-#include "daemon/engine.h"
-#include "daemon/kvpool.h"
-#include "daemon/model.h"
-#include "daemon/sampler.h"
-#include "daemon/tokenizer.h"
+#include "daemon/engine/engine.h"
+#include "daemon/engine/kvpool.h"
+#include "daemon/model/model.h"
+#include "daemon/engine/sampler.h"
+#include "daemon/tokenizer/tokenizer.h"
 #include "kernels/backend.h"
 #include "tests/kvd_proc.h"
 

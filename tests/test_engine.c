@@ -14,9 +14,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "daemon/engine.h"
-#include "daemon/kvpool.h"
-#include "daemon/model.h"
+#include "daemon/engine/engine.h"
+#include "daemon/engine/kvpool.h"
+#include "daemon/model/model.h"
 #include "kernels/backend.h"
 
 #define MAX_ROWS 64

@@ -11,7 +11,7 @@
 
 #include <xxhash.h>
 
-#include "daemon/kvpool.h"
+#include "daemon/engine/kvpool.h"
 #include "kernels/backend.h"
 
 #define CHECK(p, seqs, n)                                                        \

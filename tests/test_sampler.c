@@ -9,7 +9,7 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "daemon/sampler.h"
+#include "daemon/engine/sampler.h"
 
 #define BIG_VOCAB 49152u
 

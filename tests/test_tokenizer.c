@@ -10,8 +10,8 @@
 #include <time.h>
 #include <cmocka.h>
 
-#include "daemon/gguf.h"
-#include "daemon/tokenizer.h"
+#include "daemon/model/gguf.h"
+#include "daemon/tokenizer/tokenizer.h"
 
 #define CORPUS "tests/golden/tokens.txt"
 #define MAX_IDS 4096

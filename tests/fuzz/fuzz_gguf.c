@@ -7,7 +7,7 @@
  */
 #include <sys/mman.h>
 #include "tests/fuzz/harness.h"
-#include "daemon/gguf.h"
+#include "daemon/model/gguf.h"
 
 static void read_everything(const struct gguf_file *f)
 {

@@ -17,9 +17,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 #include "daemon/log.h"
-#include "daemon/model.h"
-#include "daemon/server.h"
-#include "daemon/tokenizer.h"
+#include "daemon/model/model.h"
+#include "daemon/serve/server.h"
+#include "daemon/tokenizer/tokenizer.h"
 #include "kernels/backend.h"
 
 static struct {

@@ -1,10 +1,10 @@
-/* tokenizer_spm.c — SentencePiece-style BPE (Llama 2): score-ordered merges over characters, byte fallback. */
+/* spm.c — SentencePiece-style BPE (Llama 2): score-ordered merges over characters, byte fallback. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/tokenizer_int.h"
+#include "daemon/tokenizer/tokenizer_int.h"
 
 static const char k_marker[3] = { (char)0xE2, (char)0x96, (char)0x81 };	/* U+2581 */
 

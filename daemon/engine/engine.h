@@ -4,7 +4,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "daemon/kvpool.h"
+#include "daemon/engine/kvpool.h"
 
 struct model;
 struct backend;

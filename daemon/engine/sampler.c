@@ -1,5 +1,5 @@
 /* sampler.c — logits row to token: penalty, then greedy or temperature, top-k, top-p, min-p, draw. */
-#include "daemon/sampler.h"
+#include "daemon/engine/sampler.h"
 
 #include <errno.h>
 #include <float.h>

@@ -1,12 +1,12 @@
-/* tokenizer_bpe.c — GPT-2 style byte-level BPE: hand-written pre-tokenizer scanners and rank-ordered merging. */
+/* bpe.c — GPT-2 style byte-level BPE: hand-written pre-tokenizer scanners and rank-ordered merging. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/gguf.h"
-#include "daemon/tokenizer_int.h"
-#include "daemon/unicode.h"
+#include "daemon/model/gguf.h"
+#include "daemon/tokenizer/tokenizer_int.h"
+#include "daemon/tokenizer/unicode.h"
 
 /*
  * GPT-2's bytes_to_unicode(): printable Latin-1 bytes stand for

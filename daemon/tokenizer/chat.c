@@ -1,11 +1,11 @@
-/* tokenizer_chat.c — chat prompt rendering for the template families kvd recognises (ChatML, Llama 2, Llama 3). */
+/* chat.c — chat prompt rendering for the template families kvd recognises (ChatML, Llama 2, Llama 3). */
 #include <errno.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/gguf.h"
-#include "daemon/tokenizer_int.h"
+#include "daemon/model/gguf.h"
+#include "daemon/tokenizer/tokenizer_int.h"
 
 static const char *find(const char *s, size_t n, const char *needle)
 {

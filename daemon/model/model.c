@@ -4,8 +4,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "daemon/gguf.h"
-#include "daemon/model.h"
+#include "daemon/model/gguf.h"
+#include "daemon/model/model.h"
 
 /* Architectures that share Llama's tensor layout and forward pass. */
 static const char *const llama_family[] = { "llama", "mistral", NULL };

@@ -12,10 +12,10 @@
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 #include "daemon/log.h"
-#include "daemon/model.h"
+#include "daemon/model/model.h"
 #include "kernels/backend.h"
-#include "daemon/server.h"
-#include "daemon/service.h"
+#include "daemon/serve/server.h"
+#include "daemon/serve/service.h"
 
 /* A socket bound by kvd itself, when systemd did not pass one. */
 static int bind_socket(const struct server_config *cfg)

@@ -9,11 +9,11 @@
 #include <string.h>
 #include <unistd.h>
 #include "daemon/log.h"
-#include "daemon/model.h"
+#include "daemon/model/model.h"
 #include "daemon/probes.h"
-#include "daemon/sampler.h"
-#include "daemon/server.h"
-#include "daemon/tokenizer.h"
+#include "daemon/engine/sampler.h"
+#include "daemon/serve/server.h"
+#include "daemon/tokenizer/tokenizer.h"
 #include "shm/kvring.h"
 
 /* ---- completions ---- */

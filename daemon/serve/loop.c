@@ -4,7 +4,7 @@
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
-#include "daemon/loop.h"
+#include "daemon/serve/loop.h"
 
 struct loop {
 	struct io_uring ring;

@@ -3,8 +3,8 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include "daemon/engine.h"
-#include "daemon/model.h"
+#include "daemon/engine/engine.h"
+#include "daemon/model/model.h"
 #include "kernels/backend.h"
 
 /*

@@ -4,7 +4,7 @@
 #include <unistd.h>
 #include "bpf/kvd_load.h"
 #include "daemon/log.h"
-#include "daemon/obs.h"
+#include "daemon/serve/obs.h"
 
 int obs_mode_valid(const char *mode)
 {

@@ -1,5 +1,5 @@
 /* unicode.c — code point class lookup and UTF-8 decoding. */
-#include "daemon/unicode.h"
+#include "daemon/tokenizer/unicode.h"
 
 uint32_t unicode_flags(uint32_t cp)
 {

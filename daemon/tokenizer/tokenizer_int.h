@@ -1,11 +1,11 @@
-/* tokenizer_int.h — state shared by tokenizer.c, tokenizer_bpe.c, tokenizer_spm.c and tokenizer_chat.c; not an API. */
+/* tokenizer_int.h — state shared by tokenizer.c, bpe.c, spm.c and chat.c; not an API. */
 #ifndef KVD_TOKENIZER_INT_H
 #define KVD_TOKENIZER_INT_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include "daemon/tokenizer.h"
+#include "daemon/tokenizer/tokenizer.h"
 
 struct gguf_file;
 
@@ -89,14 +89,14 @@ static inline void tok_out_push(struct tok_out *o, uint32_t id)
 /* Exact text -> id, or TOK_NONE. With duplicate texts the highest id wins (as llama.cpp). */
 uint32_t tok_lookup(const struct tokenizer *t, const char *s, size_t len);
 
-/* tokenizer_bpe.c: merges, pre-tokenizer and byte table from f; 0 or -errno with err set. */
+/* bpe.c: merges, pre-tokenizer and byte table from f; 0 or -errno with err set. */
 int tok_bpe_init(struct tokenizer *t, const struct gguf_file *f, char *err, size_t errlen);
 /* Encode raw text (no special tokens in it); 0 or -ENOMEM. */
 int tok_bpe_encode(const struct tokenizer *t, const char *text, size_t len, struct tok_out *o);
 /* Byte-level token text back to bytes; returns the count (may exceed cap). */
 size_t tok_bpe_unmap(const char *text, size_t len, char *buf, size_t cap);
 
-/* tokenizer_spm.c */
+/* spm.c */
 int tok_spm_init(struct tokenizer *t, char *err, size_t errlen);
 /* space_prefix: prepend the U+2581 marker (text starts or follows a special token). */
 int tok_spm_encode(const struct tokenizer *t, const char *text, size_t len, int space_prefix,
@@ -104,7 +104,7 @@ int tok_spm_encode(const struct tokenizer *t, const char *text, size_t len, int 
 /* Normal SPM token text with U+2581 turned back into spaces; count (may exceed cap). */
 size_t tok_spm_unmap(const char *text, size_t len, char *buf, size_t cap);
 
-/* tokenizer_chat.c: recognise tokenizer.chat_template; 0 or -ENOMEM (unknown is CHAT_NONE). */
+/* chat.c: recognise tokenizer.chat_template; 0 or -ENOMEM (unknown is CHAT_NONE). */
 int tok_chat_init(struct tokenizer *t, const struct gguf_file *f);
 
 /*

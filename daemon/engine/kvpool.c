@@ -1,5 +1,5 @@
 /* kvpool.c — the paged KV cache: one reserved block pool, refcounts, an LRU prefix cache and per-sequence block tables. */
-#include "daemon/kvpool.h"
+#include "daemon/engine/kvpool.h"
 
 #include <errno.h>
 #include <limits.h>

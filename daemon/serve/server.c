@@ -14,11 +14,11 @@
 #include <time.h>
 #include <unistd.h>
 #include "daemon/log.h"
-#include "daemon/model.h"
+#include "daemon/model/model.h"
 #include "daemon/probes.h"
-#include "daemon/server.h"
-#include "daemon/service.h"
-#include "daemon/tokenizer.h"
+#include "daemon/serve/server.h"
+#include "daemon/serve/service.h"
+#include "daemon/tokenizer/tokenizer.h"
 #include "kernels/backend.h"
 #include "shm/kvring.h"
 

@@ -6,10 +6,10 @@
 #include <stdint.h>
 #include <sys/types.h>
 #include "uapi/kvd.h"
-#include "daemon/engine.h"
-#include "daemon/kvpool.h"
-#include "daemon/loop.h"
-#include "daemon/server_config.h"
+#include "daemon/engine/engine.h"
+#include "daemon/engine/kvpool.h"
+#include "daemon/serve/loop.h"
+#include "daemon/serve/server_config.h"
 
 struct model;
 struct tokenizer;

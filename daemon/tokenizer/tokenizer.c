@@ -6,10 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/gguf.h"
-#include "daemon/tokenizer.h"
-#include "daemon/tokenizer_int.h"
-#include "daemon/unicode.h"
+#include "daemon/model/gguf.h"
+#include "daemon/tokenizer/tokenizer.h"
+#include "daemon/tokenizer/tokenizer_int.h"
+#include "daemon/tokenizer/unicode.h"
 
 static void set_err(char *err, size_t errlen, const char *fmt, ...)
 {

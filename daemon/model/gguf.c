@@ -1,5 +1,5 @@
 /* gguf.c — validating reader of GGUF v2/v3 files, mmap'd or in a caller buffer. */
-#include "daemon/gguf.h"
+#include "daemon/model/gguf.h"
 
 #include <errno.h>
 #include <fcntl.h>
