@@ -1,7 +1,8 @@
 /*
- * sched.c — the engine thread's loop: every step one batch of decode rows
- * and prefill chunks under a row budget, blocks reserved (preempting when
- * the pool is full), the forward pass, then tokens sampled and posted.
+ * sched.c — the engine thread's loop, policy only: every step one batch of
+ * decode rows and prefill chunks under a row budget, blocks reserved
+ * (preempting when the pool is full), the forward pass, then tokens sampled
+ * and posted. It reaches clients only through release.c and the region API.
  * Everything but the forward pass itself runs under srv->lock.
  */
 #include <errno.h>
@@ -13,19 +14,31 @@
 #include "daemon/model/model.h"
 #include "daemon/probes.h"
 #include "daemon/engine/sampler.h"
+#include "daemon/serve/admit.h"
+#include "daemon/serve/sched.h"
 #include "daemon/serve/server.h"
 #include "daemon/tokenizer/tokenizer.h"
-#include "shm/kvring.h"
+
+/* The engine thread's scratch, private to this file. */
+struct sched {
+	struct server *srv;
+	struct engine_row *rows;	/* (max_batch_rows,) */
+	struct request **row_req;	/* (max_batch_rows,) the request each row serves */
+	struct cand *cands;		/* (cand_cap,) runnable requests of this step */
+	uint32_t cand_cap;
+	float *logits;			/* (logits_rows, vocab) of the current step */
+	uint32_t logits_rows;
+};
 
 /* ---- the step ---- */
 
 /* Sample one token for r from logits; post what it produces; 1 if r finished. */
 static int emit(struct server *srv, struct request *r, float *logits)
 {
-	struct slot *sl = &r->s->slots[r->slot];
+	struct slot *sl = r->sl;
 	const struct kvseq *kv = &sl->seq.kv;
 	uint32_t tok = sampler_sample(r->smp, logits, kv->tokens, kv->n_tokens);
-	((uint32_t *)(r->c->arena + r->sqe.out_off))[r->n_out++] = tok;
+	region_put_token(&r->c->rg, r->sqe.out_off, r->n_out++, tok);
 	r->last = tok;
 	srv->n_generated++;
 	if (r->n_out == 1) KVD_PROBE(first_token, r->id, r->c->uid);
@@ -36,9 +49,9 @@ static int emit(struct server *srv, struct request *r, float *logits)
 	int eos = tokenizer_is_eog(srv->tok, tok) && !(r->sqe.flags & KVD_SQE_IGNORE_EOS);
 	int full = r->n_out >= r->max_out || engine_seq_len(&sl->seq) + 1 >= srv->m->hp.ctx_len;
 	if (r->sqe.flags & KVD_SQE_STREAM && !eos && !full)
-		admit_post(r->c, r->sqe.user_data, (int32_t)r->n_out, KVD_CQE_MORE, tok, r->n_out, r->slot);
+		release_post(r->c, r->sqe.user_data, (int32_t)r->n_out, KVD_CQE_MORE, tok, r->n_out, r->sqe.slot);
 	if (eos || full) {
-		admit_finish(srv, r, (int32_t)r->n_out, eos ? KVD_CQE_EOS : KVD_CQE_LENGTH);
+		release_request(srv, r, (int32_t)r->n_out, eos ? KVD_CQE_EOS : KVD_CQE_LENGTH);
 		return 1;
 	}
 	return 0;
@@ -47,17 +60,17 @@ static int emit(struct server *srv, struct request *r, float *logits)
 /* Move r out of QUEUED; returns 1 if it completed at once. */
 static int start(struct server *srv, struct request *r)
 {
-	struct slot *sl = &r->s->slots[r->slot];
+	struct slot *sl = r->sl;
 	const struct kvd_sqe *q = &r->sqe;
 	KVD_PROBE(admit, r->id, r->c->uid, r->n_prompt);
 	if (q->opcode == KVD_OP_RESET) {
-		admit_slot_reset(srv, sl);
-		admit_finish(srv, r, 0, 0);
+		release_slot_reset(srv, sl);
+		release_request(srv, r, 0, 0);
 		return 1;
 	}
 	if (q->opcode == KVD_OP_DECODE) {
 		if (!sl->has_logits && !sl->has_pending) {
-			admit_finish(srv, r, -EINVAL, 0);
+			release_request(srv, r, -EINVAL, 0);
 			return 1;
 		}
 		if (!sl->n_resume) {
@@ -68,7 +81,7 @@ static int start(struct server *srv, struct request *r)
 	}
 	/* PREFILL / GENERATE, or a DECODE resuming a preempted sequence */
 	if (q->opcode != KVD_OP_DECODE && !(q->flags & KVD_SQE_APPEND))
-		admit_slot_reset(srv, sl);
+		release_slot_reset(srv, sl);
 	if (!sl->live) {
 		engine_seq_init(srv->eng, &sl->seq, srv->cfg.prefix_global ? 0 : r->c->uid + 1);
 		sl->live = 1;
@@ -78,7 +91,7 @@ static int start(struct server *srv, struct request *r)
 		size_t n = (size_t)sl->n_resume + (sl->has_pending ? 1 : 0) + r->n_prompt;
 		uint32_t *p = malloc(n * sizeof(uint32_t));
 		if (!p) {
-			admit_finish(srv, r, -ENOMEM, 0);
+			release_request(srv, r, -ENOMEM, 0);
 			return 1;
 		}
 		memcpy(p, sl->resume, (size_t)sl->n_resume * sizeof(uint32_t));
@@ -95,7 +108,7 @@ static int start(struct server *srv, struct request *r)
 	}
 	sl->has_logits = 0;
 	if ((uint64_t)engine_seq_len(&sl->seq) + r->n_prompt + r->max_out > srv->m->hp.ctx_len) {
-		admit_finish(srv, r, -E2BIG, 0);
+		release_request(srv, r, -E2BIG, 0);
 		return 1;
 	}
 	if (engine_seq_len(&sl->seq) == 0 && !srv->cfg.no_prefix_cache) {
@@ -119,15 +132,15 @@ struct cand {
 	int decode;		/* 1: one decode row; 0: a prefill chunk */
 };
 
-static void add_row(struct server *srv, struct batch *b, struct request *r, uint32_t tok, int want)
+static void add_row(struct sched *sc, struct batch *b, struct request *r, uint32_t tok, int want)
 {
-	struct slot *sl = &r->s->slots[r->slot];
+	struct slot *sl = r->sl;
 	uint32_t pos = engine_seq_len(&sl->seq);
 	/* Rows of one sequence are consecutive within a step. */
-	if (b->n && srv->rows[b->n - 1].seq == &sl->seq)
-		pos = srv->rows[b->n - 1].pos + 1;
-	srv->rows[b->n] = (struct engine_row){ &sl->seq, pos, tok, (uint32_t)want };
-	srv->row_req[b->n] = r;
+	if (b->n && sc->rows[b->n - 1].seq == &sl->seq)
+		pos = sc->rows[b->n - 1].pos + 1;
+	sc->rows[b->n] = (struct engine_row){ &sl->seq, pos, tok, (uint32_t)want };
+	sc->row_req[b->n] = r;
 	if (want)
 		r->want_row = (int)b->n_logits++;
 	b->n++;
@@ -191,33 +204,28 @@ static int keep_rank_less(const struct request *a, const struct request *b)
  */
 static int make_room(struct server *srv, struct request *r)
 {
-	struct slot *vs = NULL;
+	struct slot *vs = NULL, *sl;
 	struct request *vr = NULL;
-	for (struct conn *c = srv->conns; c; c = c->next)
-		for (uint32_t i = 0; !c->dead && i < SRV_MAX_SESSIONS; i++) {
-			struct session *s = c->sessions[i];
-			for (uint32_t k = 0; s && k < srv->cfg.max_slots; k++) {
-				struct slot *sl = &s->slots[k];
-				if (!sl->live || !sl->seq.kv.n_blocks || sl == &r->s->slots[r->slot])
-					continue;
-				struct request *h = sl->head;
-				if (!h) {
-					if (!vs || vr) {
-						vs = sl;
-						vr = NULL;
-					}
-					continue;
-				}
-				if (h->want_row >= 0 || h->phase == REQ_QUEUED || !keep_rank_less(r, h))
-					continue;
-				if (vs && !vr)
-					continue;	/* an idle victim is cheaper */
-				if (!vr || keep_rank_less(vr, h)) {
-					vs = sl;
-					vr = h;
-				}
+	srv_for_each_slot(srv, it, sl) {
+		if (!sl->live || !sl->seq.kv.n_blocks || sl == r->sl)
+			continue;
+		struct request *h = sl->head;
+		if (!h) {
+			if (!vs || vr) {
+				vs = sl;
+				vr = NULL;
 			}
+			continue;
 		}
+		if (h->want_row >= 0 || h->phase == REQ_QUEUED || !keep_rank_less(r, h))
+			continue;
+		if (vs && !vr)
+			continue;	/* an idle victim is cheaper */
+		if (!vr || keep_rank_less(vr, h)) {
+			vs = sl;
+			vr = h;
+		}
+	}
 	if (!vs)
 		return 0;
 	return preempt(srv, vs, vr) == 0;
@@ -227,10 +235,10 @@ static int make_room(struct server *srv, struct request *r)
 static uint64_t uid_blocks(struct server *srv, uid_t uid)
 {
 	uint64_t n = 0;
-	for (struct conn *c = srv->conns; c; c = c->next)
-		for (uint32_t i = 0; c->uid == uid && !c->dead && i < SRV_MAX_SESSIONS; i++)
-			for (uint32_t k = 0; c->sessions[i] && k < srv->cfg.max_slots; k++)
-				n += c->sessions[i]->slots[k].seq.kv.n_blocks;
+	struct slot *sl;
+	srv_for_each_slot(srv, it, sl)
+		if (it.c->uid == uid)
+			n += sl->seq.kv.n_blocks;
 	return n;
 }
 
@@ -244,21 +252,18 @@ static int within_quota(struct server *srv, struct request *r, uint32_t need)
 		return 1;
 	uid_t uid = r->c->uid;
 	while (uid_blocks(srv, uid) + need > srv->cfg.kv_quota) {
-		struct slot *vs = NULL;
+		struct slot *vs = NULL, *sl;
 		struct request *vr = NULL;
-		for (struct conn *c = srv->conns; c; c = c->next)
-			for (uint32_t i = 0; c->uid == uid && !c->dead && i < SRV_MAX_SESSIONS; i++)
-				for (uint32_t k = 0; c->sessions[i] && k < srv->cfg.max_slots; k++) {
-					struct slot *sl = &c->sessions[i]->slots[k];
-					struct request *h = sl->head;
-					if (sl == &r->s->slots[r->slot] || !sl->seq.kv.n_blocks ||
-					    (h && (h->want_row >= 0 || h->phase == REQ_QUEUED)))
-						continue;
-					if (!vs || (h && vr && keep_rank_less(vr, h)) || (!h && vr)) {
-						vs = sl;
-						vr = h;
-					}
-				}
+		srv_for_each_slot(srv, it, sl) {
+			struct request *h = sl->head;
+			if (it.c->uid != uid || sl == r->sl || !sl->seq.kv.n_blocks ||
+			    (h && (h->want_row >= 0 || h->phase == REQ_QUEUED)))
+				continue;
+			if (!vs || (h && vr && keep_rank_less(vr, h)) || (!h && vr)) {
+				vs = sl;
+				vr = h;
+			}
+		}
 		if (!vs || (vr && keep_rank_less(vr, r)) || preempt(srv, vs, vr))
 			return 0;	/* the quota makes r wait */
 	}
@@ -268,7 +273,7 @@ static int within_quota(struct server *srv, struct request *r, uint32_t need)
 /* Blocks for positions [len, len + n) of r's sequence, preempting others if the pool is full. */
 static int reserve(struct server *srv, struct request *r, uint32_t n)
 {
-	struct slot *sl = &r->s->slots[r->slot];
+	struct slot *sl = r->sl;
 	uint32_t len = engine_seq_len(&sl->seq);
 	uint32_t bt = kvpool_config(srv->pool)->block_tokens;
 	uint32_t have = sl->seq.kv.n_blocks, need = (len + n + bt - 1) / bt;
@@ -294,42 +299,46 @@ static int cand_cmp(const void *a, const void *b)
 	return x->r->id < y->r->id ? -1 : x->r->id > y->r->id;
 }
 
-/* Start queued requests, sample where logits wait, and list what needs rows. */
-static uint32_t collect(struct server *srv)
+/* Room for one more candidate; 0 or -ENOMEM. */
+static int cand_room(struct sched *sc, uint32_t n)
 {
+	if (n < sc->cand_cap)
+		return 0;
+	uint32_t cap = n ? 2 * n : 64;
+	struct cand *p = realloc(sc->cands, cap * sizeof(*p));
+	if (!p)
+		return -ENOMEM;
+	sc->cands = p;
+	sc->cand_cap = cap;
+	return 0;
+}
+
+/* Start queued requests, sample where logits wait, and list what needs rows. */
+static uint32_t collect(struct sched *sc)
+{
+	struct server *srv = sc->srv;
 	uint32_t n = 0;
-	for (struct conn *c = srv->conns; c; c = c->next) {
-		if (c->dead || c->n_ovf >= c->cq_entries)
+	struct slot *sl;
+	srv_for_each_slot(srv, it, sl) {
+		if (region_backpressured(&it.c->rg) || it.s->closing)
 			continue;	/* back-pressure: its CQ is full */
-		for (uint32_t i = 0; i < SRV_MAX_SESSIONS; i++) {
-			struct session *s = c->sessions[i];
-			for (uint32_t k = 0; s && !s->closing && k < srv->cfg.max_slots; k++) {
-				struct slot *sl = &s->slots[k];
-				struct request *r;
-				while ((r = sl->head)) {
-					if (r->cancelled) {
-						admit_finish(srv, r, (int32_t)r->n_out, KVD_CQE_CANCELLED);
-						continue;
-					}
-					if (r->phase == REQ_QUEUED && start(srv, r))
-						continue;
-					if (r->phase == REQ_DECODE && sl->has_logits && emit(srv, r, sl->logits))
-						continue;
-					break;
-				}
-				if (!r || (r->phase == REQ_DECODE && !sl->has_pending))
-					continue;
-				if (n == srv->cand_cap) {
-					uint32_t cap = n ? 2 * n : 64;
-					struct cand *p = realloc(srv->cands, cap * sizeof(*p));
-					if (!p)
-						return n;
-					srv->cands = p;
-					srv->cand_cap = cap;
-				}
-				srv->cands[n++] = (struct cand){ r, sl, r->phase == REQ_DECODE };
+		struct request *r;
+		while ((r = sl->head)) {
+			if (r->cancelled) {
+				release_request(srv, r, (int32_t)r->n_out, KVD_CQE_CANCELLED);
+				continue;
 			}
+			if (r->phase == REQ_QUEUED && start(srv, r))
+				continue;
+			if (r->phase == REQ_DECODE && sl->has_logits && emit(srv, r, sl->logits))
+				continue;
+			break;
 		}
+		if (!r || (r->phase == REQ_DECODE && !sl->has_pending))
+			continue;
+		if (cand_room(sc, n))
+			return n;
+		sc->cands[n++] = (struct cand){ r, sl, r->phase == REQ_DECODE };
 	}
 	return n;
 }
@@ -342,18 +351,19 @@ static uint32_t collect(struct server *srv)
  * served within a client. A request that finds the pool full preempts a
  * lower-ranked one.
  */
-static void build(struct server *srv, struct batch *b)
+static void build(struct sched *sc, struct batch *b)
 {
-	uint32_t n = collect(srv), budget = srv->cfg.max_batch_rows;
+	struct server *srv = sc->srv;
+	uint32_t n = collect(sc), budget = srv->cfg.max_batch_rows;
 	if (n)	/* cands is NULL until the first candidate: qsort(NULL, 0) is undefined */
-		qsort(srv->cands, n, sizeof(*srv->cands), cand_cmp);
+		qsort(sc->cands, n, sizeof(*sc->cands), cand_cmp);
 	/* Clients with prompts to prefill share the rows evenly; each client's own go FCFS. */
 	uint32_t n_clients = 0;
 	for (struct conn *c = srv->conns; c; c = c->next)
 		c->step_rows = 0;
 	for (uint32_t i = 0; i < n; i++) {
-		struct conn *c = srv->cands[i].r->c;
-		if (!srv->cands[i].decode && !c->step_rows) {
+		struct conn *c = sc->cands[i].r->c;
+		if (!sc->cands[i].decode && !c->step_rows) {
 			c->step_rows = 1;
 			n_clients++;
 		}
@@ -361,7 +371,7 @@ static void build(struct server *srv, struct batch *b)
 	for (struct conn *c = srv->conns; c; c = c->next)
 		c->step_rows = 0;
 	for (uint32_t i = 0; i < n && budget; i++) {
-		struct cand *cd = &srv->cands[i];
+		struct cand *cd = &sc->cands[i];
 		struct request *r = cd->r;
 		if (r->want_row >= 0 || r->s->closing)
 			continue;
@@ -376,7 +386,7 @@ static void build(struct server *srv, struct batch *b)
 			/* Feed the last token; its logits give the next one. */
 			uint32_t t = cd->sl->pending;
 			cd->sl->has_pending = 0;
-			add_row(srv, b, r, t, 1);
+			add_row(sc, b, r, t, 1);
 			budget--;
 			b->n_decode++;
 			continue;
@@ -402,7 +412,7 @@ static void build(struct server *srv, struct batch *b)
 			struct kvpool_stats st;
 			kvpool_get_stats(srv->pool, &st);
 			if (st.blocks_in_use <= cd->sl->seq.kv.n_blocks) {
-				admit_finish(srv, r, -ENOSPC, 0);	/* alone and still too big */
+				release_request(srv, r, -ENOSPC, 0);	/* alone and still too big */
 				continue;
 			}
 		}
@@ -411,7 +421,7 @@ static void build(struct server *srv, struct batch *b)
 			continue;
 		}
 		for (uint32_t j = 0; j < take; j++)
-			add_row(srv, b, r, r->prompt[r->n_fed + j], r->n_fed + j + 1 == r->n_prompt);
+			add_row(sc, b, r, r->prompt[r->n_fed + j], r->n_fed + j + 1 == r->n_prompt);
 		KVD_PROBE(prefill_chunk, r->id, r->c->uid, r->n_fed, take);
 		r->n_fed += take;
 		r->c->step_rows += take;
@@ -420,51 +430,52 @@ static void build(struct server *srv, struct batch *b)
 	}
 }
 
-static int grow_logits(struct server *srv, uint32_t rows)
+static int grow_logits(struct sched *sc, uint32_t rows)
 {
-	if (rows <= srv->logits_rows)
+	if (rows <= sc->logits_rows)
 		return 0;
-	float *p = realloc(srv->logits, (size_t)rows * srv->m->hp.vocab * sizeof(float));
+	float *p = realloc(sc->logits, (size_t)rows * sc->srv->m->hp.vocab * sizeof(float));
 	if (!p)
 		return -ENOMEM;
-	srv->logits = p;
-	srv->logits_rows = rows;
+	sc->logits = p;
+	sc->logits_rows = rows;
 	return 0;
 }
 
 /* After the forward pass: logits to their slots, tokens sampled, prefills completed. */
-static void finish_step(struct server *srv, const struct batch *b, int rc)
+static void finish_step(struct sched *sc, const struct batch *b, int rc)
 {
+	struct server *srv = sc->srv;
 	const uint32_t vocab = srv->m->hp.vocab;
 	for (uint32_t i = 0; i < b->n; i++) {
 		/* A request's rows are consecutive and only its last may want logits. */
-		int last = i + 1 == b->n || srv->row_req[i + 1] != srv->row_req[i];
+		int last = i + 1 == b->n || sc->row_req[i + 1] != sc->row_req[i];
 		if (!last)
 			continue;
-		struct request *r = srv->row_req[i];
+		struct request *r = sc->row_req[i];
 		int row = r->want_row;
 		r->want_row = -1;
 		if (rc) {
-			admit_finish(srv, r, rc, 0);
+			release_request(srv, r, rc, 0);
 			continue;
 		}
 		if (row < 0)
 			continue;	/* a prefill chunk that did not finish its prompt */
-		struct slot *sl = &r->s->slots[r->slot];
-		float *lg = srv->logits + (size_t)row * vocab;
+		struct slot *sl = r->sl;
+		float *lg = sc->logits + (size_t)row * vocab;
 		if (r->phase == REQ_DECODE) {
 			emit(srv, r, lg);
 			continue;
 		}
 		/* The prompt is in: keep its last logits for the first sample. */
 		if (!sl->logits && !(sl->logits = malloc(vocab * sizeof(float)))) {
-			admit_finish(srv, r, -ENOMEM, 0);
+			release_request(srv, r, -ENOMEM, 0);
 			continue;
 		}
 		memcpy(sl->logits, lg, vocab * sizeof(float));
 		sl->has_logits = 1;
 		if (r->sqe.opcode == KVD_OP_PREFILL) {
-			admit_finish(srv, r, (int32_t)engine_seq_len(&sl->seq), 0);
+			release_request(srv, r, (int32_t)engine_seq_len(&sl->seq), 0);
 		} else {
 			r->phase = REQ_DECODE;
 			emit(srv, r, sl->logits);
@@ -474,23 +485,19 @@ static void finish_step(struct server *srv, const struct batch *b, int rc)
 
 static int any_work(struct server *srv)
 {
+	struct slot *sl;
+	srv_for_each_slot(srv, it, sl)
+		if (it.s->closing || sl->head)
+			return 1;
 	for (struct conn *c = srv->conns; c; c = c->next) {
 		if (c->released)
 			continue;	/* the loop thread frees it */
 		if (c->dead)
 			return 1;	/* to release */
-		for (uint32_t i = 0; i < SRV_MAX_SESSIONS; i++) {
-			struct session *s = c->sessions[i];
-			if (s && s->closing)
-				return 1;
-			for (uint32_t k = 0; s && k < srv->cfg.max_slots; k++)
-				if (s->slots[k].head)
-					return 1;
-		}
-		if (c->region && kvring_ready(c->sq, c->sq_head) && c->n_ovf < c->cq_entries)
+		if (region_sq_ready(&c->rg) && !region_backpressured(&c->rg))
 			return 1;
 		/* Held completions for a CQ with room again. */
-		if (c->n_ovf && c->cq_tail - kvring_load_head(c->cq) < c->cq_entries)
+		if (region_overflow_fits(&c->rg))
 			return 1;
 	}
 	return 0;
@@ -500,7 +507,7 @@ static int any_work(struct server *srv)
 static int any_overflow(struct server *srv)
 {
 	for (struct conn *c = srv->conns; c; c = c->next)
-		if (!c->dead && c->n_ovf)
+		if (!c->dead && c->rg.n_ovf)
 			return 1;
 	return 0;
 }
@@ -508,21 +515,15 @@ static int any_overflow(struct server *srv)
 static int any_new_sqe(struct server *srv)
 {
 	for (struct conn *c = srv->conns; c; c = c->next)
-		if (c->region && !c->dead && kvring_ready(c->sq, c->sq_head))
+		if (!c->dead && region_sq_ready(&c->rg))
 			return 1;
 	return 0;
 }
 
 static void set_need_wakeup(struct server *srv, int on)
 {
-	for (struct conn *c = srv->conns; c; c = c->next) {
-		if (!c->region || c->dead)
-			continue;
-		if (on)
-			kvring_set_need_wakeup(c->sq);
-		else
-			kvring_clear_need_wakeup(c->sq);
-	}
+	for (struct conn *c = srv->conns; c; c = c->next)
+		region_need_kick(&c->rg, on);
 }
 
 static uint64_t now_ns(void)
@@ -539,15 +540,15 @@ static void housekeeping(struct server *srv)
 		if (c->released)
 			continue;
 		if (c->dead) {
-			admit_conn_release(srv, c);
+			release_conn(srv, c);
 			continue;
 		}
-		admit_close_sessions(srv, c);
-		if (!c->region)
+		release_closed_sessions(srv, c);
+		if (!region_live(&c->rg))
 			continue;
-		admit_flush_overflow(c);
+		region_flush_overflow(&c->rg);
 		/* Back-pressure: while its CQ overflows, a client's SQ waits in shared memory. */
-		if (c->n_ovf < c->cq_entries)
+		if (!region_backpressured(&c->rg))
 			admit_drain_sq(srv, c);
 	}
 }
@@ -557,91 +558,97 @@ static void cancel_everything(struct server *srv)
 	for (struct conn *c = srv->conns; c; c = c->next)
 		for (uint32_t i = 0; !c->dead && i < SRV_MAX_SESSIONS; i++)
 			if (c->sessions[i])
-				admit_session_release(srv, c, c->sessions[i], 1);
+				release_session(srv, c, c->sessions[i], 1);
 }
 
 static void wake_clients(struct server *srv)
 {
 	for (struct conn *c = srv->conns; c; c = c->next) {
-		if (!c->posted || c->dead)
-			continue;
-		c->posted = 0;
-		/* At most one eventfd write per step per connection, and only to a sleeper. */
-		if (kvring_needs_wakeup(c->cq)) {
-			uint64_t one = 1;
-			if (write(c->call_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
-				log_msg(LOG_WARNING, "call eventfd of pid %d: %s", (int)c->pid, strerror(errno));
+		int rc = region_wake(&c->rg);
+		if (rc)
+			log_msg(LOG_WARNING, "call eventfd of pid %d: %s", (int)c->pid, strerror(-rc));
+	}
+}
+
+/*
+ * Nothing could run: idle, or waiting for KV blocks. Ask for kicks, look
+ * once more, then sleep until a client or the loop thread signals; work
+ * that waits for blocks is looked at again after a short while in any case.
+ */
+static void idle_wait(struct server *srv)
+{
+	int waiting = any_work(srv) || any_overflow(srv);
+	set_need_wakeup(srv, 1);
+	if (!waiting || !any_new_sqe(srv)) {
+		if (srv->stopping || waiting) {
+			struct timespec ts = { 0, 0 };
+			clock_gettime(CLOCK_REALTIME, &ts);
+			ts.tv_nsec += waiting ? 2000000 : 50000000;
+			if (ts.tv_nsec >= 1000000000) {
+				ts.tv_sec++;
+				ts.tv_nsec -= 1000000000;
+			}
+			pthread_cond_timedwait(&srv->work, &srv->lock, &ts);
+		} else if (!any_new_sqe(srv)) {
+			pthread_cond_wait(&srv->work, &srv->lock);
 		}
 	}
+	set_need_wakeup(srv, 0);
+}
+
+/* Rows to the engine, without the lock, then their results back under it. */
+static void run_step(struct sched *sc, struct batch *b)
+{
+	struct server *srv = sc->srv;
+	int rc = grow_logits(sc, b->n_logits);
+	srv->n_steps++;
+	pthread_mutex_unlock(&srv->lock);
+	KVD_PROBE(step_begin, srv->n_steps, b->n, b->n - b->n_decode, b->n_decode);
+	if (!rc)
+		rc = engine_forward(srv->eng, sc->rows, b->n, sc->logits);
+	KVD_PROBE(step_end, srv->n_steps, b->n, b->n - b->n_decode, b->n_decode, rc);
+	pthread_mutex_lock(&srv->lock);
+	if (rc)
+		log_msg(LOG_WARNING, "engine step of %u rows failed: %s", b->n, strerror(-rc));
+	finish_step(sc, b, rc);
 }
 
 void *sched_thread(void *arg)
 {
-	struct server *srv = arg;
-	srv->rows = calloc(srv->cfg.max_batch_rows, sizeof(*srv->rows));
-	srv->row_req = calloc(srv->cfg.max_batch_rows, sizeof(*srv->row_req));
+	struct sched sc = { .srv = arg };
+	struct server *srv = sc.srv;
+	sc.rows = calloc(srv->cfg.max_batch_rows, sizeof(*sc.rows));
+	sc.row_req = calloc(srv->cfg.max_batch_rows, sizeof(*sc.row_req));
+	int ready = sc.rows && sc.row_req;
 	pthread_mutex_lock(&srv->lock);
 	kvpool_get_stats(srv->pool, &srv->pool_stats);	/* admission reads the pool's size */
-	if (!srv->rows || !srv->row_req) {
+	if (!ready) {
 		log_msg(LOG_ERR, "engine thread: out of memory");
 		srv->stopping = 1;
 	}
 	for (;;) {
 		housekeeping(srv);
 		struct batch b = { 0, 0, 0 };
-		if (srv->rows && srv->row_req)
-			build(srv, &b);
+		if (ready)
+			build(&sc, &b);
 		wake_clients(srv);
 		kvpool_get_stats(srv->pool, &srv->pool_stats);
-		if (srv->stopping && (!any_work(srv) || now_ns() >= srv->drain_deadline_ns || !srv->rows)) {
+		if (srv->stopping && (!any_work(srv) || now_ns() >= srv->drain_deadline_ns || !ready)) {
 			cancel_everything(srv);
 			wake_clients(srv);
 			break;
 		}
-		if (b.n == 0) {
-			/*
-			 * Nothing could run: idle, or waiting for KV blocks. Ask for
-			 * kicks, look once more, then sleep until a client or the
-			 * loop thread signals; work that waits for blocks is looked
-			 * at again after a short while in any case.
-			 */
-			int waiting = any_work(srv) || any_overflow(srv);
-			set_need_wakeup(srv, 1);
-			if (!waiting || !any_new_sqe(srv)) {
-				if (srv->stopping || waiting) {
-					struct timespec ts = { 0, 0 };
-					clock_gettime(CLOCK_REALTIME, &ts);
-					ts.tv_nsec += waiting ? 2000000 : 50000000;
-					if (ts.tv_nsec >= 1000000000) {
-						ts.tv_sec++;
-						ts.tv_nsec -= 1000000000;
-					}
-					pthread_cond_timedwait(&srv->work, &srv->lock, &ts);
-				} else if (!any_new_sqe(srv)) {
-					pthread_cond_wait(&srv->work, &srv->lock);
-				}
-			}
-			set_need_wakeup(srv, 0);
-			continue;
-		}
-		int rc = grow_logits(srv, b.n_logits);
-		srv->n_steps++;
-		pthread_mutex_unlock(&srv->lock);
-		KVD_PROBE(step_begin, srv->n_steps, b.n, b.n - b.n_decode, b.n_decode);
-		if (!rc)
-			rc = engine_forward(srv->eng, srv->rows, b.n, srv->logits);
-		KVD_PROBE(step_end, srv->n_steps, b.n, b.n - b.n_decode, b.n_decode, rc);
-		pthread_mutex_lock(&srv->lock);
-		if (rc)
-			log_msg(LOG_WARNING, "engine step of %u rows failed: %s", b.n, strerror(-rc));
-		finish_step(srv, &b, rc);
+		if (b.n == 0)
+			idle_wait(srv);
+		else
+			run_step(&sc, &b);
 	}
 	srv->engine_exited = 1;
 	pthread_mutex_unlock(&srv->lock);
-	admit_kick_reaper(srv);
-	free(srv->logits);
-	free(srv->rows);
-	free(srv->row_req);
-	free(srv->cands);
+	server_kick_reaper(srv);
+	free(sc.logits);
+	free(sc.rows);
+	free(sc.row_req);
+	free(sc.cands);
 	return NULL;
 }

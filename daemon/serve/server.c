@@ -1,4 +1,4 @@
-/* server.c — the control plane on the loop thread: the socket, HELLO/SESSION/STATS, shared regions, signals. */
+/* server.c — the loop thread: the listening socket, accept, receive, reap, signals; the engine thread starts here. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -16,6 +16,7 @@
 #include "daemon/log.h"
 #include "daemon/model/model.h"
 #include "daemon/probes.h"
+#include "daemon/serve/sched.h"
 #include "daemon/serve/server.h"
 #include "daemon/serve/service.h"
 #include "daemon/tokenizer/tokenizer.h"
@@ -32,382 +33,6 @@ static uint64_t now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* ---- the vocabulary memfd: token bytes for clients to detokenize locally ---- */
-
-static int build_vocab(struct server *srv)
-{
-	uint32_t n = tokenizer_vocab_size(srv->tok);
-	size_t bytes = 0;
-	char buf[1024];
-	for (uint32_t i = 0; i < n; i++) {
-		int b = tokenizer_token_bytes(srv->tok, i, 0, buf, sizeof(buf));
-		if (b < 0)
-			return b;
-		bytes += (size_t)b;
-	}
-	struct kvd_vocab_hdr h = { .magic = KVD_VOCAB_MAGIC, .n_tokens = n };
-	h.offsets_off = sizeof(h);
-	h.flags_off = h.offsets_off + ((size_t)n + 1) * sizeof(uint32_t);
-	h.bytes_off = (h.flags_off + n + 7) & ~(uint64_t)7;
-	h.bytes_len = bytes;
-	size_t total = h.bytes_off + bytes;
-	if (total > UINT32_MAX)
-		return -E2BIG;
-	int fd = memfd_create("kvd-vocab", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (fd < 0)
-		return -errno;
-	uint8_t *p = MAP_FAILED;
-	if (ftruncate(fd, (off_t)total) ||
-	    (p = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
-		int rc = -errno;
-		close(fd);
-		return rc;
-	}
-	memcpy(p, &h, sizeof(h));
-	uint32_t *off = (uint32_t *)(p + h.offsets_off);
-	uint8_t *flags = p + h.flags_off;
-	uint32_t at = 0;
-	for (uint32_t i = 0; i < n; i++) {
-		int b = tokenizer_token_bytes(srv->tok, i, 0, (char *)p + h.bytes_off + at,
-					      total - h.bytes_off - at);
-		off[i] = at;
-		at += (uint32_t)b;
-		flags[i] = (tokenizer_is_eog(srv->tok, i) ? KVD_TOKF_EOG : 0) |
-			   (b == 0 && tokenizer_token_bytes(srv->tok, i, 1, buf, sizeof(buf)) > 0 ?
-				    KVD_TOKF_CONTROL : 0);
-	}
-	off[n] = at;
-	munmap(p, total);
-	/* Sealed: clients map it read-only and nobody can change or resize it. */
-	if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL)) {
-		int rc = -errno;
-		close(fd);
-		return rc;
-	}
-	srv->vocab_fd = fd;
-	srv->vocab_bytes = (uint32_t)total;
-	return 0;
-}
-
-/* ---- sending replies ---- */
-
-static int send_reply(struct conn *c, void *msg, size_t len, const int *fds, int nfds)
-{
-	struct kvd_msg_hdr *h = msg;
-	h->flags |= KVD_MSGF_REPLY;
-	h->len = (uint32_t)len;
-	struct iovec iov = { msg, len };
-	union {
-		char buf[CMSG_SPACE(4 * sizeof(int))];
-		struct cmsghdr align;
-	} u;
-	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
-	if (nfds) {
-		memset(&u, 0, sizeof(u));
-		mh.msg_control = u.buf;
-		mh.msg_controllen = CMSG_SPACE((size_t)nfds * sizeof(int));
-		struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-		cm->cmsg_level = SOL_SOCKET;
-		cm->cmsg_type = SCM_RIGHTS;
-		cm->cmsg_len = CMSG_LEN((size_t)nfds * sizeof(int));
-		memcpy(CMSG_DATA(cm), fds, (size_t)nfds * sizeof(int));
-	}
-	/* Never block the loop on a client that does not read its socket. */
-	ssize_t n = sendmsg(c->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
-	return n == (ssize_t)len ? 0 : n < 0 ? -errno : -EIO;
-}
-
-static void reply_error(struct conn *c, const struct kvd_msg_hdr *req, int type, int status)
-{
-	struct kvd_msg_hdr h = { .magic = KVD_MAGIC, .type = (uint16_t)type,
-				 .seq = req ? req->seq : 0, .status = status };
-	send_reply(c, &h, sizeof(h), NULL, 0);
-}
-
-static int all_zero(const void *p, size_t n)
-{
-	const uint8_t *b = p;
-	for (size_t i = 0; i < n; i++)
-		if (b[i])
-			return 0;
-	return 1;
-}
-
-/* ---- HELLO ---- */
-
-static void do_hello(struct server *srv, struct conn *c, const struct kvd_hello_req *rq)
-{
-	if (rq->abi_version != KVD_ABI_VERSION) {
-		reply_error(c, &rq->hdr, KVD_MSG_HELLO, -EPROTO);
-		return;
-	}
-	if (!all_zero(rq->resv, sizeof(rq->resv))) {
-		reply_error(c, &rq->hdr, KVD_MSG_HELLO, -EINVAL);
-		return;
-	}
-	struct kvd_hello_rep r;
-	memset(&r, 0, sizeof(r));
-	const struct model_hparams *hp = &srv->m->hp;
-	const struct kvpool_config *pc = kvpool_config(srv->pool);
-	r.hdr = (struct kvd_msg_hdr){ .magic = KVD_MAGIC, .type = KVD_MSG_HELLO, .seq = rq->hdr.seq };
-	r.abi_version = KVD_ABI_VERSION;
-	r.features = rq->features & KVD_FEAT_ALL;
-	r.vocab_size = hp->vocab;
-	r.ctx_len = hp->ctx_len;
-	r.bos_id = tokenizer_bos(srv->tok);
-	r.eos_id = tokenizer_eos(srv->tok);
-	r.eot_id = tokenizer_eot(srv->tok);
-	r.max_sessions = srv->cfg.max_sessions;
-	r.max_sq_entries = 4096;
-	r.max_cq_entries = 16384;
-	r.max_arena_bytes = srv->cfg.max_arena_bytes;
-	r.kv_block_tokens = pc->block_tokens;
-	r.kv_blocks_total = pc->n_blocks;
-	snprintf(r.model_name, sizeof(r.model_name), "%s", hp->name);
-	snprintf(r.backend, sizeof(r.backend), "%s", srv->be->ops->name);
-	r.max_tokens = srv->cfg.max_tokens;
-	r.max_slots = srv->cfg.max_slots;
-	if (r.features & KVD_FEAT_VOCAB) {
-		r.flags = KVD_HELLOF_VOCAB;
-		r.vocab_bytes = srv->vocab_bytes;
-		send_reply(c, &r, sizeof(r), &srv->vocab_fd, 1);
-	} else {
-		send_reply(c, &r, sizeof(r), NULL, 0);
-	}
-}
-
-/* ---- SESSION_OPEN: the region on the first open ---- */
-
-static int is_pow2(uint32_t x)
-{
-	return x && !(x & (x - 1));
-}
-
-static size_t align64(size_t x)
-{
-	return (x + 63) & ~(size_t)63;
-}
-
-static int make_region(struct server *srv, struct conn *c, const struct kvd_session_open_req *rq)
-{
-	uint32_t sq = rq->sq_entries ? rq->sq_entries : srv->cfg.sq_entries;
-	uint32_t cq = rq->cq_entries ? rq->cq_entries : srv->cfg.cq_entries;
-	uint32_t arena = rq->arena_bytes ? rq->arena_bytes : srv->cfg.arena_bytes;
-	if (!is_pow2(sq) || !is_pow2(cq) || sq > 4096 || cq > 16384 || arena % 4 ||
-	    arena > srv->cfg.max_arena_bytes)
-		return -EINVAL;
-	size_t sq_off = 0, cq_off = align64(sizeof(struct kvd_ring_hdr));
-	size_t sqes_off = cq_off + align64(sizeof(struct kvd_ring_hdr));
-	size_t cqes_off = sqes_off + align64((size_t)sq * sizeof(struct kvd_sqe));
-	size_t arena_off = cqes_off + align64((size_t)cq * sizeof(struct kvd_cqe));
-	long page = sysconf(_SC_PAGESIZE);
-	size_t total = (arena_off + arena + (size_t)page - 1) & ~((size_t)page - 1);
-	int memfd = memfd_create("kvd-session", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (memfd < 0)
-		return -errno;
-	int rc = 0;
-	uint8_t *p = MAP_FAILED;
-	if (ftruncate(memfd, (off_t)total) ||
-	    (p = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0)) == MAP_FAILED ||
-	    /* A client must not shrink the region under the daemon (SIGBUS). */
-	    fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)) {
-		rc = -errno;
-		goto err;
-	}
-	c->kick_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	c->call_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	if (c->kick_fd < 0 || c->call_fd < 0) {
-		rc = -errno;
-		goto err;
-	}
-	c->memfd = memfd;
-	c->region = p;
-	c->region_bytes = total;
-	c->sq = (struct kvd_ring_hdr *)(p + sq_off);
-	c->cq = (struct kvd_ring_hdr *)(p + cq_off);
-	c->sqes = (struct kvd_sqe *)(p + sqes_off);
-	c->cqes = (struct kvd_cqe *)(p + cqes_off);
-	c->arena = p + arena_off;
-	c->arena_bytes = arena;
-	c->sq_entries = sq;
-	c->cq_entries = cq;
-	kvring_init(c->sq, sq);
-	kvring_init(c->cq, cq);
-	/* The engine thread may be asleep already: the first SQE must kick it. */
-	kvring_set_need_wakeup(c->sq);
-	c->kick_op = (struct loop_op){ .cb = on_kick, .data = c };
-	if ((rc = loop_poll_multishot(srv->loop, &c->kick_op, c->kick_fd)))
-		goto err;
-	return 0;
-err:
-	if (p != MAP_FAILED)
-		munmap(p, total);
-	close(memfd);
-	c->memfd = -1;	/* closed here: server_conn_free must not close it (or its reuse) again */
-	if (c->kick_fd >= 0)
-		close(c->kick_fd);
-	if (c->call_fd >= 0)
-		close(c->call_fd);
-	c->kick_fd = c->call_fd = -1;
-	c->region = NULL;
-	return rc;
-}
-
-static void do_session_open(struct server *srv, struct conn *c, const struct kvd_session_open_req *rq)
-{
-	if (rq->resv0 || !all_zero(rq->resv, sizeof(rq->resv))) {
-		reply_error(c, &rq->hdr, KVD_MSG_SESSION_OPEN, -EINVAL);
-		return;
-	}
-	pthread_mutex_lock(&srv->lock);
-	int rc = 0, first = !c->region;
-	uint32_t idx = SRV_MAX_SESSIONS;
-	if (c->n_sessions >= srv->cfg.max_sessions || c->use->sessions >= srv->cfg.max_uid_sessions)
-		rc = -EMFILE;
-	uint64_t want = rq->arena_bytes ? rq->arena_bytes : srv->cfg.arena_bytes;
-	if (!rc && first && c->use->arena + want > srv->cfg.max_uid_arena)
-		rc = -EDQUOT;
-	for (uint32_t i = 0; !rc && i < srv->cfg.max_sessions && idx == SRV_MAX_SESSIONS; i++)
-		if (!c->sessions[i])
-			idx = i;
-	struct session *s = NULL;
-	if (!rc && !(s = calloc(1, sizeof(*s))))
-		rc = -ENOMEM;
-	if (!rc && !(s->slots = calloc(srv->cfg.max_slots, sizeof(struct slot))))
-		rc = -ENOMEM;
-	if (!rc && first)
-		rc = make_region(srv, c, rq);
-	if (rc) {
-		pthread_mutex_unlock(&srv->lock);
-		if (s)
-			free(s->slots);
-		free(s);
-		reply_error(c, &rq->hdr, KVD_MSG_SESSION_OPEN, rc);
-		return;
-	}
-	/* Session ids carry their table index in the low bits and a generation above. */
-	s->id = (++c->next_session << 8) | idx;
-	c->sessions[idx] = s;
-	c->n_sessions++;
-	c->use->sessions++;
-	if (first)
-		c->use->arena += c->region_bytes;
-	srv->n_sessions++;
-	struct kvd_session_open_rep r;
-	memset(&r, 0, sizeof(r));
-	r.hdr = (struct kvd_msg_hdr){ .magic = KVD_MAGIC, .type = KVD_MSG_SESSION_OPEN,
-				      .seq = rq->hdr.seq };
-	r.session_id = s->id;
-	r.flags = first ? KVD_OPENF_FDS : 0;
-	r.sq_entries = c->sq_entries;
-	r.cq_entries = c->cq_entries;
-	r.region_bytes = c->region_bytes;
-	r.sq_off = (uint64_t)((uint8_t *)c->sq - c->region);
-	r.cq_off = (uint64_t)((uint8_t *)c->cq - c->region);
-	r.sqes_off = (uint64_t)((uint8_t *)c->sqes - c->region);
-	r.cqes_off = (uint64_t)((uint8_t *)c->cqes - c->region);
-	r.arena_off = (uint64_t)(c->arena - c->region);
-	r.arena_bytes = c->arena_bytes;
-	pthread_mutex_unlock(&srv->lock);
-	int fds[3] = { c->memfd, c->kick_fd, c->call_fd };
-	send_reply(c, &r, sizeof(r), fds, first ? 3 : 0);
-}
-
-static struct session *find_session(struct conn *c, uint32_t id)
-{
-	if ((id & 0xff) >= SRV_MAX_SESSIONS)
-		return NULL;
-	struct session *s = c->sessions[id & 0xff];
-	return s && s->id == id && !s->closing ? s : NULL;
-}
-
-static void do_session_close(struct server *srv, struct conn *c, const struct kvd_session_close_req *rq)
-{
-	if (rq->resv) {
-		reply_error(c, &rq->hdr, KVD_MSG_SESSION_CLOSE, -EINVAL);
-		return;
-	}
-	pthread_mutex_lock(&srv->lock);
-	struct session *s = find_session(c, rq->session_id);
-	if (s) {
-		/*
-		 * The id is dead from now on; the engine thread ends its requests
-		 * CANCELLED and returns its blocks at the next step boundary.
-		 */
-		s->closing = 1;
-		pthread_cond_signal(&srv->work);
-	}
-	pthread_mutex_unlock(&srv->lock);
-	struct kvd_msg_hdr h = { .magic = KVD_MAGIC, .type = KVD_MSG_SESSION_CLOSE,
-				 .seq = rq->hdr.seq, .status = s ? 0 : -ENOENT };
-	send_reply(c, &h, sizeof(h), NULL, 0);
-}
-
-static void do_stats(struct server *srv, struct conn *c, const struct kvd_msg_hdr *rq)
-{
-	struct kvd_stats_rep r;
-	memset(&r, 0, sizeof(r));
-	r.hdr = (struct kvd_msg_hdr){ .magic = KVD_MAGIC, .type = KVD_MSG_STATS, .seq = rq->seq };
-	pthread_mutex_lock(&srv->lock);
-	r.requests = srv->n_requests;
-	r.tokens_prefilled = srv->n_prefilled;
-	r.tokens_generated = srv->n_generated;
-	r.kv_blocks_total = srv->pool_stats.blocks_total;
-	r.kv_blocks_used = srv->pool_stats.blocks_in_use;
-	r.kv_blocks_cached = srv->pool_stats.blocks_cached;
-	r.prefix_hit_tokens = srv->pool_stats.prefix_hit_tokens;
-	r.prefix_miss_tokens = srv->pool_stats.prefix_miss_tokens;
-	r.evictions = srv->pool_stats.evictions;
-	r.preemptions = srv->n_preemptions;
-	r.steps = srv->n_steps;
-	r.connections = srv->n_conns;
-	r.sessions = srv->n_sessions;
-	pthread_mutex_unlock(&srv->lock);
-	send_reply(c, &r, sizeof(r), NULL, 0);
-}
-
-/* One control datagram: checked, dispatched, answered; the connection stays usable. */
-static void handle_msg(struct server *srv, struct conn *c, size_t len)
-{
-	const struct kvd_msg_hdr *h = (const struct kvd_msg_hdr *)c->rx;
-	if (len < sizeof(*h) || h->magic != KVD_MAGIC) {
-		reply_error(c, len >= sizeof(*h) ? h : NULL, KVD_MSG_ERROR, -EPROTO);
-		return;
-	}
-	if (h->len != len || h->flags || h->status || h->resv) {
-		reply_error(c, h, KVD_MSG_ERROR, -EINVAL);
-		return;
-	}
-	static const size_t sizes[KVD_MSG_LAST] = {
-		[KVD_MSG_HELLO] = sizeof(struct kvd_hello_req),
-		[KVD_MSG_SESSION_OPEN] = sizeof(struct kvd_session_open_req),
-		[KVD_MSG_SESSION_CLOSE] = sizeof(struct kvd_session_close_req),
-		[KVD_MSG_STATS] = sizeof(struct kvd_msg_hdr),
-	};
-	if (h->type >= KVD_MSG_LAST || !sizes[h->type]) {
-		reply_error(c, h, KVD_MSG_ERROR, -EINVAL);
-		return;
-	}
-	if (len != sizes[h->type]) {
-		reply_error(c, h, h->type, -EINVAL);
-		return;
-	}
-	switch (h->type) {
-	case KVD_MSG_HELLO:
-		do_hello(srv, c, (const struct kvd_hello_req *)c->rx);
-		break;
-	case KVD_MSG_SESSION_OPEN:
-		do_session_open(srv, c, (const struct kvd_session_open_req *)c->rx);
-		break;
-	case KVD_MSG_SESSION_CLOSE:
-		do_session_close(srv, c, (const struct kvd_session_close_req *)c->rx);
-		break;
-	case KVD_MSG_STATS:
-		do_stats(srv, c, h);
-		break;
-	}
-}
-
 /* ---- per-uid accounting ---- */
 
 struct uid_usage *server_uid(struct server *srv, uid_t uid)
@@ -422,7 +47,7 @@ struct uid_usage *server_uid(struct server *srv, uid_t uid)
 static struct uid_usage *uid_add(struct server *srv, uid_t uid)
 {
 	struct uid_usage *u = server_uid(srv, uid);
-	if (u || srv->n_uids >= 4096)
+	if (u || srv->n_uids >= SRV_MAX_UIDS)
 		return u;
 	u = &srv->uids[srv->n_uids++];
 	*u = (struct uid_usage){ .uid = uid };
@@ -445,6 +70,7 @@ static void conn_hangup(struct server *srv, struct conn *c)
 	pthread_mutex_lock(&srv->lock);
 	if (!c->dead) {
 		c->dead = 1;
+		c->rg.closed = 1;	/* nothing more is posted to it */
 		KVD_PROBE(conn_close, c->pid, c->uid);
 		log_msg(LOG_DEBUG, "connection from pid %d uid %u closed", (int)c->pid, (unsigned)c->uid);
 	}
@@ -480,9 +106,9 @@ static void on_recv(struct loop *l, struct loop_op *op, int res, int more)
 	if (c->msg.msg_controllen)
 		close_passed_fds(&c->msg);
 	if (c->msg.msg_flags & MSG_TRUNC)
-		reply_error(c, (const struct kvd_msg_hdr *)c->rx, KVD_MSG_ERROR, -EMSGSIZE);
+		ctrl_reply_error(c, (const struct kvd_msg_hdr *)c->rx, KVD_MSG_ERROR, -EMSGSIZE);
 	else
-		handle_msg(srv, c, (size_t)res);
+		ctrl_handle_msg(srv, c, c->rx, (size_t)res);
 	if (arm_recv(srv, c))
 		conn_hangup(srv, c);
 }
@@ -491,18 +117,29 @@ static void on_kick(struct loop *l, struct loop_op *op, int res, int more)
 {
 	struct conn *c = op->data;
 	struct server *srv = c->srv;
-	uint64_t v;
 	if (c->dead)
 		return;
 	if (res < 0 && res != -ECANCELED)
 		log_msg(LOG_WARNING, "poll on a kick eventfd failed: %s", strerror(-res));
-	if (read(c->kick_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
-		log_msg(LOG_WARNING, "kick eventfd: %s", strerror(errno));
+	region_ack_kick(&c->rg);
 	pthread_mutex_lock(&srv->lock);
 	pthread_cond_signal(&srv->work);
 	pthread_mutex_unlock(&srv->lock);
-	if (!more && !c->dead && loop_poll_multishot(l, &c->kick_op, c->kick_fd))
+	if (!more && !c->dead && loop_poll_multishot(l, &c->kick_op, c->rg.kick_fd))
 		conn_hangup(srv, c);
+}
+
+int server_watch_kick(struct server *srv, struct conn *c)
+{
+	c->kick_op = (struct loop_op){ .cb = on_kick, .data = c };
+	return loop_poll_multishot(srv->loop, &c->kick_op, c->rg.kick_fd);
+}
+
+void server_kick_reaper(struct server *srv)
+{
+	uint64_t one = 1;
+	if (write(srv->reap_fd, &one, sizeof(one)) < 0)
+		log_msg(LOG_WARNING, "reap eventfd: write failed");
 }
 
 /*
@@ -567,7 +204,7 @@ static void on_accept(struct loop *l, struct loop_op *op, int res, int more)
 			c->pid = cred.pid;
 			c->uid = cred.uid;
 			c->gid = cred.gid;
-			c->memfd = c->kick_fd = c->call_fd = -1;
+			region_init(&c->rg);
 			c->recv_op = (struct loop_op){ .cb = on_recv, .data = c };
 			pthread_mutex_lock(&srv->lock);
 			c->use = uid_add(srv, c->uid);
@@ -604,26 +241,11 @@ rearm:
 void server_conn_free(struct server *srv, struct conn *c)
 {
 	(void)srv;
-	if (c->region)
-		munmap(c->region, c->region_bytes);
-	if (c->memfd >= 0)
-		close(c->memfd);
-	if (c->kick_fd >= 0)
-		close(c->kick_fd);
-	if (c->call_fd >= 0)
-		close(c->call_fd);
+	region_destroy(&c->rg);
 	if (c->fd >= 0)
 		close(c->fd);
-	while (c->ovf_head) {
-		struct cqe_node *n = c->ovf_head;
-		c->ovf_head = n->next;
-		free(n);
-	}
 	for (uint32_t i = 0; i < SRV_MAX_SESSIONS; i++)
-		if (c->sessions[i]) {
-			free(c->sessions[i]->slots);
-			free(c->sessions[i]);
-		}
+		session_free(c->sessions[i]);
 	free(c);
 }
 
@@ -657,8 +279,7 @@ static void reap(struct server *srv)
 		srv->n_conns--;
 		srv->n_sessions -= c->n_sessions;
 		c->use->sessions -= c->n_sessions;
-		if (c->region)
-			c->use->arena -= c->region_bytes;
+		c->use->arena -= c->rg.bytes;
 		server_conn_free(srv, c);
 	}
 	pthread_mutex_unlock(&srv->lock);
@@ -722,14 +343,14 @@ int server_create(struct server **out, const struct server_config *cfg, struct m
 	pthread_mutex_init(&srv->lock, NULL);
 	pthread_cond_init(&srv->work, NULL);
 	int rc = -ENOMEM;
-	srv->uids = calloc(4096, sizeof(*srv->uids));
+	srv->uids = calloc(SRV_MAX_UIDS, sizeof(*srv->uids));
 	if (!srv->uids)
 		goto err;
 	if ((rc = engine_create(&srv->eng, m, be, pool, cfg->max_batch_rows))) {
 		log_msg(LOG_ERR, "engine: %s", strerror(-rc));
 		goto err;
 	}
-	if ((rc = build_vocab(srv))) {
+	if ((rc = ctrl_build_vocab(srv))) {
 		log_msg(LOG_ERR, "vocabulary memfd: %s", strerror(-rc));
 		goto err;
 	}
@@ -834,13 +455,3 @@ void server_destroy(struct server *srv)
 	free(srv);
 }
 
-/* One control datagram as on_recv hands it over (tests and fuzzing enter here). */
-void server_handle_msg(struct server *srv, struct conn *c, const void *msg, size_t len)
-{
-	if (len > sizeof(c->rx)) {
-		reply_error(c, NULL, KVD_MSG_ERROR, -EMSGSIZE);
-		return;
-	}
-	memcpy(c->rx, msg, len);
-	handle_msg(srv, c, len);
-}

@@ -34,16 +34,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		memcpy(msg, in.p, n);
 		in.p += len;
 		in.left -= len;
-		server_handle_msg(srv, c, msg, n);
+		ctrl_handle_msg(srv, c, msg, n);
 		fz_drain_replies(client, check_reply);
 		if (rec & 0x8000) {
 			pthread_mutex_lock(&srv->lock);
-			admit_close_sessions(srv, c);
+			release_closed_sessions(srv, c);
 			pthread_mutex_unlock(&srv->lock);
 		}
 	}
 	pthread_mutex_lock(&srv->lock);
-	admit_close_sessions(srv, c);
+	release_closed_sessions(srv, c);
 	pthread_mutex_unlock(&srv->lock);
 	fz_drain_replies(client, check_reply);
 	fz_conn_free(srv, c, client);

@@ -8,6 +8,7 @@
  * every step.
  */
 #include "tests/fuzz/harness.h"
+#include "daemon/serve/admit.h"
 #include "shm/kvring.h"
 
 static void open_session(struct server *srv, struct conn *c, int client, uint32_t sq, uint32_t cq)
@@ -16,7 +17,7 @@ static void open_session(struct server *srv, struct conn *c, int client, uint32_
 		.hdr = { .magic = KVD_MAGIC, .type = KVD_MSG_SESSION_OPEN, .len = sizeof(rq) },
 		.sq_entries = sq, .cq_entries = cq, .arena_bytes = 256,
 	};
-	server_handle_msg(srv, c, &rq, sizeof(rq));
+	ctrl_handle_msg(srv, c, &rq, sizeof(rq));
 	fz_drain_replies(client, NULL);
 }
 
@@ -26,7 +27,7 @@ static void close_session(struct server *srv, struct conn *c, int client, uint32
 		.hdr = { .magic = KVD_MAGIC, .type = KVD_MSG_SESSION_CLOSE, .len = sizeof(rq) },
 		.session_id = id,
 	};
-	server_handle_msg(srv, c, &rq, sizeof(rq));
+	ctrl_handle_msg(srv, c, &rq, sizeof(rq));
 	fz_drain_replies(client, NULL);
 }
 
@@ -44,38 +45,40 @@ static uint32_t pick_session(const struct conn *c, uint32_t n)
 static void check(const struct server *srv, const struct conn *c)
 {
 	uint32_t reqs = 0, ovf = 0;
-	for (uint32_t i = 0; i < SRV_MAX_SESSIONS; i++)
-		for (uint32_t k = 0; c->sessions[i] && k < srv->cfg.max_slots; k++)
-			for (struct request *r = c->sessions[i]->slots[k].head; r; r = r->next)
-				reqs++;
-	for (const struct cqe_node *n = c->ovf_head; n; n = n->next)
+	struct slot *sl;
+	conn_for_each_slot((struct conn *)c, it, sl)
+		for (struct request *r = sl->head; r; r = r->next)
+			reqs++;
+	for (const struct cqe_node *n = c->rg.ovf_head; n; n = n->next)
 		ovf++;
 	if (reqs != c->inflight || reqs != c->use->inflight)
 		fz_die("in-flight count", "differs from the requests queued");
-	if (ovf != c->n_ovf)
+	if (ovf != c->rg.n_ovf)
 		fz_die("overflow count", "differs from the completions held");
 	if (c->inflight > srv->cfg.max_inflight)
 		fz_die("in-flight count", "above the limit");
-	if (c->n_ovf > c->cq_entries + c->sq_entries + (uint32_t)srv->cfg.max_inflight * 2)
+	if (c->rg.n_ovf > c->rg.cq_entries + c->rg.sq_entries + (uint32_t)srv->cfg.max_inflight * 2)
 		fz_die("overflow list", "grows without bound");
 }
 
 /* Engine-thread stand-in: post a streamed token or finish each slot's head request. */
 static void complete_some(struct server *srv, struct conn *c, uint32_t bits)
 {
-	for (uint32_t i = 0; i < SRV_MAX_SESSIONS; i++)
-		for (uint32_t k = 0; c->sessions[i] && k < srv->cfg.max_slots; k++, bits >>= 1) {
-			struct request *r = c->sessions[i]->slots[k].head;
-			if (!r)
-				continue;
-			if (bits & 1) {
-				r->n_out++;
-				admit_post(c, r->sqe.user_data, (int32_t)r->n_out, KVD_CQE_MORE, 1,
-					   r->n_out, r->slot);
-			} else {
-				admit_finish(srv, r, (int32_t)r->n_out, KVD_CQE_LENGTH);
-			}
+	struct slot *sl;
+	conn_for_each_slot(c, it, sl) {
+		struct request *r = sl->head;
+		int post = bits & 1;
+		bits >>= 1;
+		if (!r)
+			continue;
+		if (post) {
+			r->n_out++;
+			release_post(c, r->sqe.user_data, (int32_t)r->n_out, KVD_CQE_MORE, 1, r->n_out,
+				     r->sqe.slot);
+		} else {
+			release_request(srv, r, (int32_t)r->n_out, KVD_CQE_LENGTH);
 		}
+	}
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -88,15 +91,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	open_session(srv, c, client, 1u << (sizes & 3), 1u << ((sizes >> 2) & 3));
 	for (int ops = 0; in.left && ops < 4096; ops++) {
 		uint32_t op = fz_take(&in, 1);
-		if (!c->region && op % 7 != 6)
+		if (!region_live(&c->rg) && op % 7 != 6)
 			continue;
 		switch (op % 7) {
 		case 0: {	/* raw bytes anywhere in the region */
-			size_t off = fz_take(&in, 2) % c->region_bytes;
+			size_t off = fz_take(&in, 2) % c->rg.bytes;
 			size_t n = fz_take(&in, 1);
 			n = n < in.left ? n : in.left;
-			n = n < c->region_bytes - off ? n : c->region_bytes - off;
-			memcpy(c->region + off, in.p, n);
+			n = n < c->rg.bytes - off ? n : c->rg.bytes - off;
+			memcpy(c->rg.base + off, in.p, n);
 			in.p += n;
 			in.left -= n;
 			break;
@@ -113,16 +116,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 				q.priority &= 0x7f;
 				q.session_id = pick_session(c, q.session_id);
 			}
-			uint32_t tail = __atomic_load_n(&c->sq->tail, __ATOMIC_RELAXED);
-			c->sqes[tail & (c->sq_entries - 1)] = q;
-			kvring_publish(c->sq, tail + 1);
+			uint32_t tail = __atomic_load_n(&c->rg.sq->tail, __ATOMIC_RELAXED);
+			c->rg.sqes[tail & (c->rg.sq_entries - 1)] = q;
+			kvring_publish(c->rg.sq, tail + 1);
 			break;
 		}
 		case 2:		/* the engine thread's step boundary */
 			pthread_mutex_lock(&srv->lock);
-			admit_close_sessions(srv, c);
-			admit_flush_overflow(c);
-			if (c->n_ovf < c->cq_entries)
+			release_closed_sessions(srv, c);
+			region_flush_overflow(&c->rg);
+			if (!region_backpressured(&c->rg))
 				admit_drain_sq(srv, c);
 			pthread_mutex_unlock(&srv->lock);
 			break;
@@ -132,7 +135,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			pthread_mutex_unlock(&srv->lock);
 			break;
 		case 4:		/* a well-behaved reader empties its CQ */
-			kvring_consume(c->cq, kvring_load_tail(c->cq));
+			kvring_consume(c->rg.cq, kvring_load_tail(c->rg.cq));
 			break;
 		case 5:
 			close_session(srv, c, client, pick_session(c, fz_take(&in, 1)));
@@ -144,7 +147,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		check(srv, c);
 	}
 	pthread_mutex_lock(&srv->lock);
-	admit_close_sessions(srv, c);
+	release_closed_sessions(srv, c);
 	pthread_mutex_unlock(&srv->lock);
 	fz_conn_free(srv, c, client);
 	return 0;

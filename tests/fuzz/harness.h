@@ -115,7 +115,7 @@ static inline struct conn *fz_conn_new(struct server *srv, int *client)
 	c->pid = getpid();
 	c->uid = getuid();
 	c->gid = getgid();
-	c->memfd = c->kick_fd = c->call_fd = -1;
+	region_init(&c->rg);
 	c->use = server_uid(srv, c->uid);
 	if (!c->use) {
 		c->use = &srv->uids[srv->n_uids++];
@@ -166,7 +166,8 @@ static inline void fz_conn_free(struct server *srv, struct conn *c, int client)
 {
 	close(client);
 	c->dead = 1;
-	admit_conn_release(srv, c);
+	c->rg.closed = 1;
+	release_conn(srv, c);
 	uint64_t v;
 	if (read(srv->reap_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
 		fz_die("reap eventfd", strerror(errno));
@@ -182,8 +183,7 @@ static inline void fz_conn_free(struct server *srv, struct conn *c, int client)
 	srv->n_conns--;
 	srv->n_sessions -= c->n_sessions;
 	c->use->sessions -= c->n_sessions;
-	if (c->region)
-		c->use->arena -= c->region_bytes;
+	c->use->arena -= c->rg.bytes;
 	if (c->use->sessions || c->use->arena || srv->n_sessions || srv->n_conns)
 		fz_die("released connection", "session or arena accounting off");
 	server_conn_free(srv, c);

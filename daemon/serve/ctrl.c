@@ -1,0 +1,340 @@
+/*
+ * ctrl.c — the control protocol on the loop thread: HELLO (limits, model
+ * facts, the vocabulary memfd), SESSION_OPEN (the region on the first one),
+ * SESSION_CLOSE and STATS. Every message is checked whole before it acts,
+ * and every reply is sent without blocking.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include "daemon/model/model.h"
+#include "daemon/serve/server.h"
+#include "daemon/tokenizer/tokenizer.h"
+#include "kernels/backend.h"
+
+/* ---- the vocabulary memfd: token bytes for clients to detokenize locally ---- */
+
+int ctrl_build_vocab(struct server *srv)
+{
+	uint32_t n = tokenizer_vocab_size(srv->tok);
+	size_t bytes = 0;
+	char buf[1024];
+	for (uint32_t i = 0; i < n; i++) {
+		int b = tokenizer_token_bytes(srv->tok, i, 0, buf, sizeof(buf));
+		if (b < 0)
+			return b;
+		bytes += (size_t)b;
+	}
+	struct kvd_vocab_hdr h = { .magic = KVD_VOCAB_MAGIC, .n_tokens = n };
+	h.offsets_off = sizeof(h);
+	h.flags_off = h.offsets_off + ((size_t)n + 1) * sizeof(uint32_t);
+	h.bytes_off = (h.flags_off + n + 7) & ~(uint64_t)7;
+	h.bytes_len = bytes;
+	size_t total = h.bytes_off + bytes;
+	if (total > UINT32_MAX)
+		return -E2BIG;
+	int fd = memfd_create("kvd-vocab", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0)
+		return -errno;
+	uint8_t *p = MAP_FAILED;
+	if (ftruncate(fd, (off_t)total) ||
+	    (p = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+		int rc = -errno;
+		close(fd);
+		return rc;
+	}
+	memcpy(p, &h, sizeof(h));
+	uint32_t *off = (uint32_t *)(p + h.offsets_off);
+	uint8_t *flags = p + h.flags_off;
+	uint32_t at = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		int b = tokenizer_token_bytes(srv->tok, i, 0, (char *)p + h.bytes_off + at,
+					      total - h.bytes_off - at);
+		off[i] = at;
+		at += (uint32_t)b;
+		flags[i] = (tokenizer_is_eog(srv->tok, i) ? KVD_TOKF_EOG : 0) |
+			   (b == 0 && tokenizer_token_bytes(srv->tok, i, 1, buf, sizeof(buf)) > 0 ?
+				    KVD_TOKF_CONTROL : 0);
+	}
+	off[n] = at;
+	munmap(p, total);
+	/* Sealed: clients map it read-only and nobody can change or resize it. */
+	if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL)) {
+		int rc = -errno;
+		close(fd);
+		return rc;
+	}
+	srv->vocab_fd = fd;
+	srv->vocab_bytes = (uint32_t)total;
+	return 0;
+}
+
+/* ---- replies ---- */
+
+static int send_reply(struct conn *c, void *msg, size_t len, const int *fds, int nfds)
+{
+	struct kvd_msg_hdr *h = msg;
+	h->flags |= KVD_MSGF_REPLY;
+	h->len = (uint32_t)len;
+	struct iovec iov = { msg, len };
+	union {
+		char buf[CMSG_SPACE(4 * sizeof(int))];
+		struct cmsghdr align;
+	} u;
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
+	if (nfds) {
+		memset(&u, 0, sizeof(u));
+		mh.msg_control = u.buf;
+		mh.msg_controllen = CMSG_SPACE((size_t)nfds * sizeof(int));
+		struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+		cm->cmsg_level = SOL_SOCKET;
+		cm->cmsg_type = SCM_RIGHTS;
+		cm->cmsg_len = CMSG_LEN((size_t)nfds * sizeof(int));
+		memcpy(CMSG_DATA(cm), fds, (size_t)nfds * sizeof(int));
+	}
+	/* Never block the loop on a client that does not read its socket. */
+	ssize_t n = sendmsg(c->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+	return n == (ssize_t)len ? 0 : n < 0 ? -errno : -EIO;
+}
+
+void ctrl_reply_error(struct conn *c, const struct kvd_msg_hdr *req, int type, int status)
+{
+	struct kvd_msg_hdr h = { .magic = KVD_MAGIC, .type = (uint16_t)type,
+				 .seq = req ? req->seq : 0, .status = status };
+	send_reply(c, &h, sizeof(h), NULL, 0);
+}
+
+static int all_zero(const void *p, size_t n)
+{
+	const uint8_t *b = p;
+	for (size_t i = 0; i < n; i++)
+		if (b[i])
+			return 0;
+	return 1;
+}
+
+/* ---- HELLO ---- */
+
+static void do_hello(struct server *srv, struct conn *c, const struct kvd_hello_req *rq)
+{
+	if (rq->abi_version != KVD_ABI_VERSION) {
+		ctrl_reply_error(c, &rq->hdr, KVD_MSG_HELLO, -EPROTO);
+		return;
+	}
+	if (!all_zero(rq->resv, sizeof(rq->resv))) {
+		ctrl_reply_error(c, &rq->hdr, KVD_MSG_HELLO, -EINVAL);
+		return;
+	}
+	struct kvd_hello_rep r;
+	memset(&r, 0, sizeof(r));
+	const struct model_hparams *hp = &srv->m->hp;
+	const struct kvpool_config *pc = kvpool_config(srv->pool);
+	r.hdr = (struct kvd_msg_hdr){ .magic = KVD_MAGIC, .type = KVD_MSG_HELLO, .seq = rq->hdr.seq };
+	r.abi_version = KVD_ABI_VERSION;
+	r.features = rq->features & KVD_FEAT_ALL;
+	r.vocab_size = hp->vocab;
+	r.ctx_len = hp->ctx_len;
+	r.bos_id = tokenizer_bos(srv->tok);
+	r.eos_id = tokenizer_eos(srv->tok);
+	r.eot_id = tokenizer_eot(srv->tok);
+	r.max_sessions = srv->cfg.max_sessions;
+	r.max_sq_entries = REGION_MAX_SQ;
+	r.max_cq_entries = REGION_MAX_CQ;
+	r.max_arena_bytes = srv->cfg.max_arena_bytes;
+	r.kv_block_tokens = pc->block_tokens;
+	r.kv_blocks_total = pc->n_blocks;
+	snprintf(r.model_name, sizeof(r.model_name), "%s", hp->name);
+	snprintf(r.backend, sizeof(r.backend), "%s", srv->be->ops->name);
+	r.max_tokens = srv->cfg.max_tokens;
+	r.max_slots = srv->cfg.max_slots;
+	if (r.features & KVD_FEAT_VOCAB) {
+		r.flags = KVD_HELLOF_VOCAB;
+		r.vocab_bytes = srv->vocab_bytes;
+		send_reply(c, &r, sizeof(r), &srv->vocab_fd, 1);
+	} else {
+		send_reply(c, &r, sizeof(r), NULL, 0);
+	}
+}
+
+/* ---- sessions ---- */
+
+/* The region of c's first session, its kick eventfd watched by the loop. */
+static int make_region(struct server *srv, struct conn *c, const struct kvd_session_open_req *rq)
+{
+	uint32_t sq = rq->sq_entries ? rq->sq_entries : srv->cfg.sq_entries;
+	uint32_t cq = rq->cq_entries ? rq->cq_entries : srv->cfg.cq_entries;
+	uint32_t arena = rq->arena_bytes ? rq->arena_bytes : srv->cfg.arena_bytes;
+	if (arena > srv->cfg.max_arena_bytes)
+		return -EINVAL;
+	int rc = region_create(&c->rg, sq, cq, arena);
+	if (!rc && (rc = server_watch_kick(srv, c)))
+		region_destroy(&c->rg);
+	return rc;
+}
+
+static void do_session_open(struct server *srv, struct conn *c, const struct kvd_session_open_req *rq)
+{
+	if (rq->resv0 || !all_zero(rq->resv, sizeof(rq->resv))) {
+		ctrl_reply_error(c, &rq->hdr, KVD_MSG_SESSION_OPEN, -EINVAL);
+		return;
+	}
+	pthread_mutex_lock(&srv->lock);
+	int rc = 0, first = !region_live(&c->rg);
+	uint32_t idx = SRV_MAX_SESSIONS;
+	if (c->n_sessions >= srv->cfg.max_sessions || c->use->sessions >= srv->cfg.max_uid_sessions)
+		rc = -EMFILE;
+	uint64_t want = rq->arena_bytes ? rq->arena_bytes : srv->cfg.arena_bytes;
+	if (!rc && first && c->use->arena + want > srv->cfg.max_uid_arena)
+		rc = -EDQUOT;
+	for (uint32_t i = 0; !rc && i < srv->cfg.max_sessions && idx == SRV_MAX_SESSIONS; i++)
+		if (!c->sessions[i])
+			idx = i;
+	struct session *s = NULL;
+	if (!rc && !(s = session_new(srv->cfg.max_slots)))
+		rc = -ENOMEM;
+	if (!rc && first)
+		rc = make_region(srv, c, rq);
+	if (rc) {
+		pthread_mutex_unlock(&srv->lock);
+		session_free(s);
+		ctrl_reply_error(c, &rq->hdr, KVD_MSG_SESSION_OPEN, rc);
+		return;
+	}
+	/* Session ids carry their table index in the low bits and a generation above. */
+	s->id = (++c->next_session << 8) | idx;
+	c->sessions[idx] = s;
+	c->n_sessions++;
+	c->use->sessions++;
+	if (first)
+		c->use->arena += c->rg.bytes;
+	srv->n_sessions++;
+	struct kvd_session_open_rep r;
+	memset(&r, 0, sizeof(r));
+	r.hdr = (struct kvd_msg_hdr){ .magic = KVD_MAGIC, .type = KVD_MSG_SESSION_OPEN,
+				      .seq = rq->hdr.seq };
+	r.session_id = s->id;
+	r.flags = first ? KVD_OPENF_FDS : 0;
+	r.sq_entries = c->rg.sq_entries;
+	r.cq_entries = c->rg.cq_entries;
+	r.region_bytes = c->rg.bytes;
+	r.sq_off = (uint64_t)((uint8_t *)c->rg.sq - c->rg.base);
+	r.cq_off = (uint64_t)((uint8_t *)c->rg.cq - c->rg.base);
+	r.sqes_off = (uint64_t)((uint8_t *)c->rg.sqes - c->rg.base);
+	r.cqes_off = (uint64_t)((uint8_t *)c->rg.cqes - c->rg.base);
+	r.arena_off = (uint64_t)(c->rg.arena - c->rg.base);
+	r.arena_bytes = c->rg.arena_bytes;
+	pthread_mutex_unlock(&srv->lock);
+	int fds[3] = { c->rg.memfd, c->rg.kick_fd, c->rg.call_fd };
+	send_reply(c, &r, sizeof(r), fds, first ? 3 : 0);
+}
+
+static struct session *find_session(struct conn *c, uint32_t id)
+{
+	if ((id & 0xff) >= SRV_MAX_SESSIONS)
+		return NULL;
+	struct session *s = c->sessions[id & 0xff];
+	return s && s->id == id && !s->closing ? s : NULL;
+}
+
+static void do_session_close(struct server *srv, struct conn *c, const struct kvd_session_close_req *rq)
+{
+	if (rq->resv) {
+		ctrl_reply_error(c, &rq->hdr, KVD_MSG_SESSION_CLOSE, -EINVAL);
+		return;
+	}
+	pthread_mutex_lock(&srv->lock);
+	struct session *s = find_session(c, rq->session_id);
+	if (s) {
+		/*
+		 * The id is dead from now on; the engine thread ends its requests
+		 * CANCELLED and returns its blocks at the next step boundary.
+		 */
+		s->closing = 1;
+		pthread_cond_signal(&srv->work);
+	}
+	pthread_mutex_unlock(&srv->lock);
+	struct kvd_msg_hdr h = { .magic = KVD_MAGIC, .type = KVD_MSG_SESSION_CLOSE,
+				 .seq = rq->hdr.seq, .status = s ? 0 : -ENOENT };
+	send_reply(c, &h, sizeof(h), NULL, 0);
+}
+
+static void do_stats(struct server *srv, struct conn *c, const struct kvd_msg_hdr *rq)
+{
+	struct kvd_stats_rep r;
+	memset(&r, 0, sizeof(r));
+	r.hdr = (struct kvd_msg_hdr){ .magic = KVD_MAGIC, .type = KVD_MSG_STATS, .seq = rq->seq };
+	pthread_mutex_lock(&srv->lock);
+	r.requests = srv->n_requests;
+	r.tokens_prefilled = srv->n_prefilled;
+	r.tokens_generated = srv->n_generated;
+	r.kv_blocks_total = srv->pool_stats.blocks_total;
+	r.kv_blocks_used = srv->pool_stats.blocks_in_use;
+	r.kv_blocks_cached = srv->pool_stats.blocks_cached;
+	r.prefix_hit_tokens = srv->pool_stats.prefix_hit_tokens;
+	r.prefix_miss_tokens = srv->pool_stats.prefix_miss_tokens;
+	r.evictions = srv->pool_stats.evictions;
+	r.preemptions = srv->n_preemptions;
+	r.steps = srv->n_steps;
+	r.connections = srv->n_conns;
+	r.sessions = srv->n_sessions;
+	pthread_mutex_unlock(&srv->lock);
+	send_reply(c, &r, sizeof(r), NULL, 0);
+}
+
+/* One control datagram: checked, dispatched, answered; the connection stays usable. */
+static void handle_msg(struct server *srv, struct conn *c, size_t len)
+{
+	const struct kvd_msg_hdr *h = (const struct kvd_msg_hdr *)c->rx;
+	if (len < sizeof(*h) || h->magic != KVD_MAGIC) {
+		ctrl_reply_error(c, len >= sizeof(*h) ? h : NULL, KVD_MSG_ERROR, -EPROTO);
+		return;
+	}
+	if (h->len != len || h->flags || h->status || h->resv) {
+		ctrl_reply_error(c, h, KVD_MSG_ERROR, -EINVAL);
+		return;
+	}
+	static const size_t sizes[KVD_MSG_LAST] = {
+		[KVD_MSG_HELLO] = sizeof(struct kvd_hello_req),
+		[KVD_MSG_SESSION_OPEN] = sizeof(struct kvd_session_open_req),
+		[KVD_MSG_SESSION_CLOSE] = sizeof(struct kvd_session_close_req),
+		[KVD_MSG_STATS] = sizeof(struct kvd_msg_hdr),
+	};
+	if (h->type >= KVD_MSG_LAST || !sizes[h->type]) {
+		ctrl_reply_error(c, h, KVD_MSG_ERROR, -EINVAL);
+		return;
+	}
+	if (len != sizes[h->type]) {
+		ctrl_reply_error(c, h, h->type, -EINVAL);
+		return;
+	}
+	switch (h->type) {
+	case KVD_MSG_HELLO:
+		do_hello(srv, c, (const struct kvd_hello_req *)c->rx);
+		break;
+	case KVD_MSG_SESSION_OPEN:
+		do_session_open(srv, c, (const struct kvd_session_open_req *)c->rx);
+		break;
+	case KVD_MSG_SESSION_CLOSE:
+		do_session_close(srv, c, (const struct kvd_session_close_req *)c->rx);
+		break;
+	case KVD_MSG_STATS:
+		do_stats(srv, c, h);
+		break;
+	}
+}
+
+void ctrl_handle_msg(struct server *srv, struct conn *c, const void *msg, size_t len)
+{
+	if (len > sizeof(c->rx)) {
+		ctrl_reply_error(c, NULL, KVD_MSG_ERROR, -EMSGSIZE);
+		return;
+	}
+	if (msg != c->rx)
+		memcpy(c->rx, msg, len);
+	handle_msg(srv, c, len);
+}
