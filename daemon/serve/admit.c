@@ -138,13 +138,81 @@ static void cancel(struct conn *c, const struct kvd_sqe *q)
 	release_post(c, q->user_data, -ENOENT, 0, 0, 0, q->slot);
 }
 
-/* Returns 0 when q is queued (or handled), else -errno for its error completion. */
-static int admit(struct server *srv, struct conn *c, const struct kvd_sqe *q)
+/*
+ * One SQE taken from the ring, with everything done to it that needs no
+ * lock: its own checks, its prompt read (and text tokenized), its sampler.
+ * The results wait in order; admit() applies them under the lock, in the
+ * order the checks have always had, so which error an SQE gets is the same.
+ */
+struct taken {
+	struct kvd_sqe q;
+	int op_rc;		/* validate_sqe_op() */
+	int body_rc;		/* validate_sqe() */
+	int prep_rc;		/* the prompt */
+	int smp_rc;		/* the sampler */
+	uint32_t *prompt;	/* (n_prompt,) */
+	uint32_t n_prompt;
+	struct sampler *smp;
+};
+
+#define ADMIT_BATCH 32	/* SQEs prepared per unlock */
+
+static int has_prompt(const struct kvd_sqe *q)
 {
-	const uint32_t vocab = srv->m->hp.vocab;
-	int rc = validate_sqe_op(q);
-	if (rc)
-		return rc;
+	return q->opcode == KVD_OP_PREFILL || q->opcode == KVD_OP_GENERATE;
+}
+
+static int has_out(const struct kvd_sqe *q)
+{
+	return q->opcode == KVD_OP_DECODE || q->opcode == KVD_OP_GENERATE;
+}
+
+/* The prompt of t->q out of the arena: token ids read once and checked, or text tokenized. */
+static int read_prompt(struct server *srv, struct conn *c, struct taken *t)
+{
+	const struct kvd_sqe *q = &t->q;
+	if (q->flags & KVD_SQE_TEXT)
+		return text_prompt(srv, c, q, &t->prompt, &t->n_prompt);
+	t->prompt = malloc((size_t)q->n_tokens * sizeof(uint32_t));
+	if (!t->prompt)
+		return -ENOMEM;
+	region_read(&c->rg, q->tokens_off, t->prompt, (size_t)q->n_tokens * 4);
+	t->n_prompt = q->n_tokens;
+	for (uint32_t i = 0; i < t->n_prompt; i++)
+		if (t->prompt[i] >= srv->m->hp.vocab)
+			return -ERANGE;
+	return 0;
+}
+
+/* Without the lock: only the engine thread reads this ring and arena. */
+static void prepare(struct server *srv, struct conn *c, struct taken *t)
+{
+	const struct kvd_sqe *q = &t->q;
+	t->op_rc = validate_sqe_op(q);
+	if (t->op_rc || q->opcode == KVD_OP_NOP || q->opcode == KVD_OP_CANCEL)
+		return;
+	t->body_rc = validate_sqe(q, c->rg.arena_bytes);
+	if (t->body_rc)
+		return;
+	if (has_prompt(q))
+		t->prep_rc = read_prompt(srv, c, t);
+	if (!t->prep_rc && has_out(q))
+		t->smp_rc = sampler_from_sqe(q, srv->m->hp.vocab, &t->smp);
+}
+
+static void taken_free(struct taken *t)
+{
+	sampler_destroy(t->smp);
+	free(t->prompt);
+	memset(t, 0, sizeof(*t));
+}
+
+/* Lock held. Returns 0 when t is queued, 1 when handled, else -errno for its error completion. */
+static int admit(struct server *srv, struct conn *c, struct taken *t)
+{
+	const struct kvd_sqe *q = &t->q;
+	if (t->op_rc)
+		return t->op_rc;
 	if (srv->stopping)
 		return -ESHUTDOWN;
 	if (q->opcode == KVD_OP_NOP)
@@ -156,10 +224,8 @@ static int admit(struct server *srv, struct conn *c, const struct kvd_sqe *q)
 		cancel(c, q);
 		return 1;
 	}
-	if ((rc = validate_sqe(q, c->rg.arena_bytes)))
-		return rc;
-	int has_prompt = q->opcode == KVD_OP_PREFILL || q->opcode == KVD_OP_GENERATE;
-	int has_out = q->opcode == KVD_OP_DECODE || q->opcode == KVD_OP_GENERATE;
+	if (t->body_rc)
+		return t->body_rc;
 	if (c->inflight >= srv->cfg.max_inflight || c->use->inflight >= srv->cfg.max_uid_inflight)
 		return -EBUSY;
 
@@ -170,36 +236,26 @@ static int admit(struct server *srv, struct conn *c, const struct kvd_sqe *q)
 	r->c = c;
 	r->s = s;
 	r->sl = &s->slots[q->slot];
-	r->max_out = has_out ? q->max_tokens : 0;
+	r->max_out = has_out(q) ? q->max_tokens : 0;
 	r->want_row = -1;
-	if (has_prompt && (q->flags & KVD_SQE_TEXT)) {
-		rc = text_prompt(srv, c, q, &r->prompt, &r->n_prompt);
-	} else if (has_prompt) {
-		/* The ids are read from the arena once, here, and checked. */
-		r->prompt = malloc((size_t)q->n_tokens * sizeof(uint32_t));
-		if (!r->prompt)
-			rc = -ENOMEM;
-		else
-			region_read(&c->rg, q->tokens_off, r->prompt, (size_t)q->n_tokens * 4);
-		r->n_prompt = q->n_tokens;
-		for (uint32_t i = 0; !rc && i < r->n_prompt; i++)
-			if (r->prompt[i] >= vocab)
-				rc = -ERANGE;
-	}
+	r->prompt = t->prompt;
+	r->n_prompt = t->n_prompt;
+	r->smp = t->smp;
+	t->prompt = NULL;
+	t->smp = NULL;
+	int rc = t->prep_rc;
+	uint32_t bt = kvpool_config(srv->pool)->block_tokens;
 	if (!rc && (uint64_t)r->n_prompt + r->max_out > srv->cfg.max_tokens)
 		rc = -E2BIG;
 	/* A request its uid's quota could never hold is refused now. */
-	if (!rc && srv->cfg.kv_quota &&
-	    ((uint64_t)r->n_prompt + r->max_out) / kvpool_config(srv->pool)->block_tokens + 1 >
-		    srv->cfg.kv_quota)
+	if (!rc && srv->cfg.kv_quota && ((uint64_t)r->n_prompt + r->max_out) / bt + 1 > srv->cfg.kv_quota)
 		rc = -EDQUOT;
 	/* A request the whole pool could never hold is refused now, not left waiting. */
-	if (!rc && (uint64_t)r->n_prompt + r->max_out + kvpool_config(srv->pool)->block_tokens >
-			   srv->pool_stats.blocks_total * kvpool_config(srv->pool)->block_tokens)
+	if (!rc && (uint64_t)r->n_prompt + r->max_out + bt > srv->pool_stats.blocks_total * bt)
 		rc = -ENOSPC;
 	r->id = ++srv->next_req_id;
-	if (!rc && has_out)
-		rc = sampler_from_sqe(q, vocab, &r->smp);
+	if (!rc)
+		rc = t->smp_rc;
 	if (rc) {
 		release_req_free(r);
 		return rc;
@@ -218,19 +274,38 @@ static int admit(struct server *srv, struct conn *c, const struct kvd_sqe *q)
 
 void admit_drain_sq(struct server *srv, struct conn *c)
 {
-	struct kvd_sqe q;
-	int got;
-	while ((got = region_next_sqe(&c->rg, &q))) {
-		if (got < 0) {
-			/* A tail no producer could have written: said once, the ring skipped to it. */
-			release_post(c, 0, -EINVAL, 0, 0, 0, 0);
-			return;
+	struct taken batch[ADMIT_BATCH];
+	memset(batch, 0, sizeof(batch));
+	for (int more = 1; more;) {
+		/*
+		 * Take and prepare a batch without the lock, so the loop thread
+		 * goes on accepting and answering while a prompt is tokenized;
+		 * c stays allocated, since only this thread releases it.
+		 */
+		pthread_mutex_unlock(&srv->lock);
+		int n = 0, bad_tail = 0;
+		while (n < ADMIT_BATCH) {
+			int got = region_next_sqe(&c->rg, &batch[n].q);
+			if (got <= 0) {
+				bad_tail = got < 0;
+				more = 0;
+				break;
+			}
+			prepare(srv, c, &batch[n++]);
 		}
-		int rc = admit(srv, c, &q);
-		if (rc < 0)
-			release_post(c, q.user_data, rc, 0, 0, 0, q.slot);
-		else if (rc > 0 && q.opcode == KVD_OP_NOP)
-			release_post(c, q.user_data, 0, 0, 0, 0, q.slot);
+		region_sq_done(&c->rg);
+		pthread_mutex_lock(&srv->lock);
+		for (int i = 0; i < n; i++) {
+			const struct kvd_sqe *q = &batch[i].q;
+			int rc = admit(srv, c, &batch[i]);
+			if (rc < 0)
+				release_post(c, q->user_data, rc, 0, 0, 0, q->slot);
+			else if (rc > 0 && q->opcode == KVD_OP_NOP)
+				release_post(c, q->user_data, 0, 0, 0, 0, q->slot);
+			taken_free(&batch[i]);
+		}
+		/* A tail no producer could have written: said once, the ring skipped to it. */
+		if (bad_tail)
+			release_post(c, 0, -EINVAL, 0, 0, 0, 0);
 	}
-	region_sq_done(&c->rg);
 }

@@ -18,7 +18,11 @@ int validate_sqe_op(const struct kvd_sqe *q);
  */
 int validate_sqe(const struct kvd_sqe *q, uint32_t arena_bytes);
 
-/* Engine thread, lock held: every SQE c has queued becomes a request or an error completion. */
+/*
+ * Engine thread, srv->lock held (and dropped while SQEs are read and text
+ * tokenized): every SQE c has queued becomes a request or an error
+ * completion.
+ */
 void admit_drain_sq(struct server *srv, struct conn *c);
 
 #endif

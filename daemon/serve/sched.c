@@ -27,17 +27,23 @@ struct sched {
 	struct cand *cands;		/* (cand_cap,) runnable requests of this step */
 	uint32_t cand_cap;
 	float *logits;			/* (logits_rows, vocab) of the current step */
+	uint32_t *toks;			/* (logits_rows,) decode rows' tokens, sampled unlocked */
 	uint32_t logits_rows;
 };
 
 /* ---- the step ---- */
 
-/* Sample one token for r from logits; post what it produces; 1 if r finished. */
-static int emit(struct server *srv, struct request *r, float *logits)
+/* One token for r from logits (which it may change). */
+static uint32_t sample(struct request *r, float *logits)
+{
+	const struct kvseq *kv = &r->sl->seq.kv;
+	return sampler_sample(r->smp, logits, kv->tokens, kv->n_tokens);
+}
+
+/* Post the token sampled for r; 1 if r finished. */
+static int emit_token(struct server *srv, struct request *r, uint32_t tok)
 {
 	struct slot *sl = r->sl;
-	const struct kvseq *kv = &sl->seq.kv;
-	uint32_t tok = sampler_sample(r->smp, logits, kv->tokens, kv->n_tokens);
 	region_put_token(&r->c->rg, r->sqe.out_off, r->n_out++, tok);
 	r->last = tok;
 	srv->n_generated++;
@@ -55,6 +61,11 @@ static int emit(struct server *srv, struct request *r, float *logits)
 		return 1;
 	}
 	return 0;
+}
+
+static int emit(struct server *srv, struct request *r, float *logits)
+{
+	return emit_token(srv, r, sample(r, logits));
 }
 
 /* Move r out of QUEUED; returns 1 if it completed at once. */
@@ -438,6 +449,10 @@ static int grow_logits(struct sched *sc, uint32_t rows)
 	if (!p)
 		return -ENOMEM;
 	sc->logits = p;
+	uint32_t *t = realloc(sc->toks, rows * sizeof(*t));
+	if (!t)
+		return -ENOMEM;
+	sc->toks = t;
 	sc->logits_rows = rows;
 	return 0;
 }
@@ -464,7 +479,7 @@ static void finish_step(struct sched *sc, const struct batch *b, int rc)
 		struct slot *sl = r->sl;
 		float *lg = sc->logits + (size_t)row * vocab;
 		if (r->phase == REQ_DECODE) {
-			emit(srv, r, lg);
+			emit_token(srv, r, sc->toks[row]);
 			continue;
 		}
 		/* The prompt is in: keep its last logits for the first sample. */
@@ -596,6 +611,23 @@ static void idle_wait(struct server *srv)
 	set_need_wakeup(srv, 0);
 }
 
+/*
+ * Decode rows' tokens, sampled after the forward pass before the lock is
+ * taken again: only the engine thread touches a request's sampler, slot
+ * and sequence. (A prompt's first token is sampled under the lock, in
+ * finish_step, from the copy its slot keeps.)
+ */
+static void sample_decodes(struct sched *sc, const struct batch *b)
+{
+	const uint32_t vocab = sc->srv->m->hp.vocab;
+	for (uint32_t i = 0; i < b->n; i++) {
+		struct request *r = sc->row_req[i];
+		if ((i + 1 == b->n || sc->row_req[i + 1] != r) && r->want_row >= 0 &&
+		    r->phase == REQ_DECODE)
+			sc->toks[r->want_row] = sample(r, sc->logits + (size_t)r->want_row * vocab);
+	}
+}
+
 /* Rows to the engine, without the lock, then their results back under it. */
 static void run_step(struct sched *sc, struct batch *b)
 {
@@ -607,6 +639,8 @@ static void run_step(struct sched *sc, struct batch *b)
 	if (!rc)
 		rc = engine_forward(srv->eng, sc->rows, b->n, sc->logits);
 	KVD_PROBE(step_end, srv->n_steps, b->n, b->n - b->n_decode, b->n_decode, rc);
+	if (!rc)
+		sample_decodes(sc, b);
 	pthread_mutex_lock(&srv->lock);
 	if (rc)
 		log_msg(LOG_WARNING, "engine step of %u rows failed: %s", b->n, strerror(-rc));
@@ -647,6 +681,7 @@ void *sched_thread(void *arg)
 	pthread_mutex_unlock(&srv->lock);
 	server_kick_reaper(srv);
 	free(sc.logits);
+	free(sc.toks);
 	free(sc.rows);
 	free(sc.row_req);
 	free(sc.cands);
