@@ -13,7 +13,7 @@
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
 #include "bpf/kvd_load.h"
-#include "bpf/kvd_maps.h"
+#include "uapi/kvd_metrics.h"
 #include "bpf/kvd.skel.h"
 
 #define MAX_LINKS 32

@@ -12,7 +12,7 @@
 #include <linux/magic.h>
 #include <bpf/bpf.h>
 #include "bpf/kvd_load.h"
-#include "bpf/kvd_maps.h"
+#include "uapi/kvd_metrics.h"
 #include "tests/kvd_proc.h"
 
 /*
@@ -219,7 +219,7 @@ static void test_bpftool_dump(void **state)
 	assert_int_equal(kp_generate(P.sock, 1, prompts, (uint32_t[]){ 20 }, (uint32_t[]){ 4 }), 4);
 	struct kvd_counters c = counters(pin_dir);
 	char cmd[512], out[4096];
-	/* Each dump must be JSON whose "formatted" entries name the fields of kvd_maps.h. */
+	/* Each dump must be JSON whose "formatted" entries name the fields of uapi/kvd_metrics.h. */
 	snprintf(cmd, sizeof(cmd),
 		 "bpftool -j map dump pinned %s/counters | python3 -c '"
 		 "import json,sys; d=json.load(sys.stdin); v=d[0][\"formatted\"][\"value\"]; "

@@ -13,7 +13,7 @@
 #include <sys/ioctl.h>
 #include <bpf/bpf.h>
 #include "bpf/kvd_load.h"
-#include "bpf/kvd_maps.h"
+#include "uapi/kvd_metrics.h"
 #include "shm/kvclient.h"
 
 #define MAX_UIDS 256
