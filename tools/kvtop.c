@@ -540,7 +540,8 @@ static void usage(FILE *f)
 		"  --prometheus      print the Prometheus text exposition format once and exit\n"
 		"  --attach PID      load and attach the BPF programs to that running kvd (when the\n"
 		"                    daemon did not load them itself); detaches and unpins on exit\n"
-		"  --pin-dir DIR     where the maps are pinned (default /sys/fs/bpf/kvd)\n");
+		"  --pin-dir DIR     where the maps are pinned (default $KVD_BPF_PIN_DIR, as for kvd,\n"
+		"                    else /sys/fs/bpf/kvd)\n");
 }
 
 static int parse(int argc, char **argv, struct opts *o)
@@ -560,7 +561,7 @@ static int parse(int argc, char **argv, struct opts *o)
 	int c;
 	char *end;
 	o->interval = 1;
-	o->pin_dir = KVD_PIN_DIR;
+	o->pin_dir = kvd_bpf_default_pin_dir();	/* the daemon's own default: the same pins */
 	while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
 		switch (c) {
 		case O_SOCKET: o->socket = optarg; break;
