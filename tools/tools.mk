@@ -3,7 +3,10 @@ TOOLS := $(patsubst tools/%.c,%,$(wildcard tools/kv*.c))
 TOOL_BINS := $(TOOLS:%=$(B)/%)
 
 $(B)/kv%: $(B)/tools/kv%.o $(B)/libkvclient.a
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(filter %.a,$^) $(LDLIBS)
+
+# kvc_example shows libkvclient alone; the others share tools/common.c.
+$(B)/kvctl $(B)/kvbench $(B)/kvtop: $(B)/tools/common.o
 
 all: $(TOOL_BINS)
 
