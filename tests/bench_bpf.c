@@ -67,7 +67,7 @@ int main(void)
 		printf("bench_bpf: skipped: needs CAP_BPF and CAP_PERFMON (run as root)\n");
 		return 0;
 	}
-	/* Before any thread: it may unshare the mount namespace to mount a bpf file system of its own. */
+	/* Before any thread: it may unshare the mount namespace (the caller's thread only) for a bpf file system of its own. */
 	if (kp_bpffs_open(&fs, why, sizeof(why))) {
 		printf("bench_bpf: skipped: %s\n", why);
 		return 0;

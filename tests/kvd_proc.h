@@ -217,8 +217,9 @@ struct kp_bpffs {
  * mounted in a private mount namespace of this process, which its children
  * (daemons, kvtop, bpftool) share: / is made a slave first, so the mount
  * never shows on the host and goes away with the last process in the
- * namespace even when a test crashes. unshare(CLONE_NEWNS) refuses a
- * process with threads: call it first thing in main. 0, or -errno with the
+ * namespace even when a test crashes. unshare(CLONE_NEWNS) moves only the
+ * calling thread: call it first thing in main, before any other thread, so
+ * that every later thread and child is in there too. 0, or -errno with the
  * reason to skip in why.
  */
 static inline int kp_bpffs_open(struct kp_bpffs *fs, char *why, size_t whylen)

@@ -516,7 +516,7 @@ int main(void)
 		cmocka_unit_test(test_kvtop_attach),
 		cmocka_unit_test(test_perf_sdt),
 	};
-	can_bpf();	/* first: it may unshare the mount namespace, which needs a single thread */
+	can_bpf();	/* first: it may unshare the mount namespace, which moves only the calling thread */
 	int failed = cmocka_run_group_tests_name("bpf_shared_daemon", tests, setup_daemon, teardown_daemon);
 	failed += cmocka_run_group_tests_name("bpf_own_daemon", alone, NULL, NULL);
 	kp_bpffs_close(&fs);
