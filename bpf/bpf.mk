@@ -16,7 +16,7 @@ $(B)/bpf/vmlinux.h:
 	@test -r $(BTF_VMLINUX) || { echo "bpf: $(BTF_VMLINUX) is missing: set BTF_VMLINUX to a kernel image or BTF file with BTF"; exit 1; }
 	$(BPFTOOL) btf dump file $(BTF_VMLINUX) format c > $@.tmp && mv $@.tmp $@
 
-$(B)/bpf/kvd.bpf.o: bpf/kvd.bpf.c bpf/kvd_maps.h $(B)/bpf/vmlinux.h
+$(B)/bpf/kvd.bpf.o: bpf/kvd.bpf.c uapi/kvd_metrics.h $(B)/bpf/vmlinux.h
 	@mkdir -p $(dir $@)
 	$(CLANG) -target bpf -g -O2 -D__TARGET_ARCH_$(BPF_ARCH) -I. -I$(B)/bpf \
 		$(if $(BPF_MULTIARCH),-I/usr/include/$(BPF_MULTIARCH)) -Wall -Werror -c -o $@ $<

@@ -4,7 +4,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 #include <bpf/usdt.bpf.h>
-#include "bpf/kvd_maps.h"
+#include "uapi/kvd_metrics.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 

@@ -13,7 +13,7 @@
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
 #include "bpf/kvd_load.h"
-#include "bpf/kvd_maps.h"
+#include "uapi/kvd_metrics.h"
 #include "bpf/kvd.skel.h"
 
 #define MAX_LINKS 32
@@ -133,15 +133,25 @@ static int clear_stale(const char *dir, char *err, size_t len)
 static int prepare_dir(struct kvd_bpf *b, char *err, size_t len)
 {
 	struct statfs sf;
-	if (mkdir(b->pin_dir, 0755) == 0)
+	if (mkdir(b->pin_dir, 0755) == 0) {
 		b->made_dir = 1;
-	else if (errno != EEXIST)
-		return fail(err, len, -errno, "cannot create %s: %s (is a bpf file system mounted on /sys/fs/bpf?)",
-			    b->pin_dir, strerror(errno));
+	} else if (errno != EEXIST) {
+		/* The pin directory may live anywhere (KVD_BPF_PIN_DIR, --pin-dir): name its own parent. */
+		int e = errno;
+		char parent[sizeof(b->pin_dir)];
+		snprintf(parent, sizeof(parent), "%s", b->pin_dir);
+		char *slash = strrchr(parent, '/');
+		if (slash)
+			*(slash == parent ? slash + 1 : slash) = 0;
+		return fail(err, len, -e, "cannot create %s: %s (is a bpf file system mounted on %s? "
+			    "mount -t bpf bpf %s)", b->pin_dir, strerror(e), slash ? parent : ".",
+			    slash ? parent : ".");
+	}
 	if (statfs(b->pin_dir, &sf))
 		return fail(err, len, -errno, "%s: %s", b->pin_dir, strerror(errno));
 	if ((unsigned long)sf.f_type != (unsigned long)BPF_FS_MAGIC)
-		return fail(err, len, -ENOTSUP, "%s is not on a bpf file system", b->pin_dir);
+		return fail(err, len, -ENOTSUP, "%s is not on a bpf file system (mount -t bpf bpf DIR, and pin under DIR)",
+			    b->pin_dir);
 	return clear_stale(b->pin_dir, err, len);
 }
 

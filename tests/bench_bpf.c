@@ -60,17 +60,24 @@ out:
 
 int main(void)
 {
-	char dir[96], err[512];
+	char dir[128], err[512], why[256];
 	struct kvd_proc p;
+	struct kp_bpffs fs;
 	if (geteuid() != 0 && !kvd_bpf_capable()) {
 		printf("bench_bpf: skipped: needs CAP_BPF and CAP_PERFMON (run as root)\n");
 		return 0;
 	}
-	snprintf(dir, sizeof(dir), "/sys/fs/bpf/kvd-bench-%d", (int)getpid());
+	/* Before any thread: it may unshare the mount namespace (the caller's thread only) for a bpf file system of its own. */
+	if (kp_bpffs_open(&fs, why, sizeof(why))) {
+		printf("bench_bpf: skipped: %s\n", why);
+		return 0;
+	}
+	snprintf(dir, sizeof(dir), "%s/kvd-bench-%d", fs.base, (int)getpid());
 	const char *args[] = { "--bpf=off", "--kv-blocks", "64", "--threads", "1", "--log-level", "info", NULL };
 	int rc = kp_start(&p, args);
 	if (rc) {
 		fprintf(stderr, "bench_bpf: cannot start kvd: %s\n", strerror(-rc));
+		kp_bpffs_close(&fs);
 		return 1;
 	}
 	/* The kernel counts the programs' run time while this fd is open. */
@@ -109,6 +116,7 @@ int main(void)
 			ratio[i / 2] = on[n_on - 1] / off[n_off - 1];
 	}
 	kp_cleanup(&p);
+	kp_bpffs_close(&fs);
 	if (rc)
 		return 1;
 	double mo = median(off, n_off), ma = median(on, n_on), mr = median(ratio, ROUNDS);

@@ -5,6 +5,7 @@
  * through /proc, generate through it, signal it, stop it. Its daemons run
  * with --bpf off (no pins in /sys/fs/bpf/kvd) unless the caller gives a
  * --bpf of its own; $KVD_BIN and $KVD_MODEL choose the daemon and model.
+ * kp_bpffs_open() gives test_bpf and bench_bpf a bpf file system to pin under.
  */
 #ifndef KVD_TESTS_PROC_H
 #define KVD_TESTS_PROC_H
@@ -21,11 +22,15 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sched.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/statfs.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include <linux/magic.h>
 #include <liburing.h>
 #include "shm/kvclient.h"
 
@@ -198,6 +203,63 @@ static inline void kp_pin_dir_env(void *dir)
 {
 	if (dir && setenv("KVD_BPF_PIN_DIR", dir, 1))
 		_exit(126);
+}
+
+/* Where pins can go: /sys/fs/bpf, or a bpf file system of our own. */
+struct kp_bpffs {
+	char base[64];		/* pin directories go under it */
+	int own;		/* base is our mount point: unmount and remove it */
+};
+
+/*
+ * A bpf file system for the pins: /sys/fs/bpf when one is mounted there.
+ * Else (a fresh CI machine, a container) a new one on a temporary directory,
+ * mounted in a private mount namespace of this process, which its children
+ * (daemons, kvtop, bpftool) share: / is made a slave first, so the mount
+ * never shows on the host and goes away with the last process in the
+ * namespace even when a test crashes. unshare(CLONE_NEWNS) moves only the
+ * calling thread: call it first thing in main, before any other thread, so
+ * that every later thread and child is in there too. 0, or -errno with the
+ * reason to skip in why.
+ */
+static inline int kp_bpffs_open(struct kp_bpffs *fs, char *why, size_t whylen)
+{
+	struct statfs sf;
+	memset(fs, 0, sizeof(*fs));
+	if (!statfs("/sys/fs/bpf", &sf) && (unsigned long)sf.f_type == (unsigned long)BPF_FS_MAGIC) {
+		snprintf(fs->base, sizeof(fs->base), "/sys/fs/bpf");
+		return 0;
+	}
+	int rc;
+	if (unshare(CLONE_NEWNS) || mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL)) {
+		rc = -errno;
+		snprintf(why, whylen, "no bpf file system on /sys/fs/bpf, and no private mount namespace "
+			 "to mount one in: %s (needs CAP_SYS_ADMIN)", strerror(-rc));
+		return rc;
+	}
+	snprintf(fs->base, sizeof(fs->base), "/tmp/kvd-bpffs.XXXXXX");
+	if (!mkdtemp(fs->base)) {
+		rc = -errno;
+		snprintf(why, whylen, "mkdtemp %s: %s", fs->base, strerror(-rc));
+		return rc;
+	}
+	if (mount("bpf", fs->base, "bpf", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0700")) {
+		rc = -errno;
+		snprintf(why, whylen, "cannot mount a bpf file system on %s: %s%s", fs->base, strerror(-rc),
+			 rc == -ENODEV ? " (kernel without BPF)" : "");
+		rmdir(fs->base);
+		return rc;
+	}
+	fs->own = 1;
+	return 0;
+}
+
+/* Unmount and remove what kp_bpffs_open() mounted (the maps pinned in it go with it). */
+static inline void kp_bpffs_close(struct kp_bpffs *fs)
+{
+	if (fs->own && !umount2(fs->base, MNT_DETACH))
+		rmdir(fs->base);
+	fs->own = 0;
 }
 
 /*

@@ -8,37 +8,34 @@
 #include <dirent.h>
 #include <math.h>
 #include <sys/stat.h>
-#include <sys/statfs.h>
-#include <linux/magic.h>
 #include <bpf/bpf.h>
 #include "bpf/kvd_load.h"
-#include "bpf/kvd_maps.h"
+#include "uapi/kvd_metrics.h"
 #include "tests/kvd_proc.h"
 
 /*
  * Runs as root (CI does) and skips with the reason otherwise. Every daemon
  * here pins under a private directory (KVD_BPF_PIN_DIR), never the real
- * /sys/fs/bpf/kvd, so a kvd running on the machine is left alone.
+ * /sys/fs/bpf/kvd, so a kvd running on the machine is left alone; where
+ * /sys/fs/bpf has no bpf file system, that directory is on one this test
+ * mounts in a mount namespace of its own (kp_bpffs_open), which also checks
+ * that the daemon, kvtop and bpftool take pins outside /sys/fs/bpf.
  */
 
 #define KVTOP "build/kvtop"
 
-static char why_skip[160];
-static char pin_dir[96];
+static char why_skip[256];
+static char pin_dir[128];
+static struct kp_bpffs fs;
 static struct kvd_proc P;
 
 static int can_bpf(void)
 {
-	struct statfs sf;
 	if (geteuid() != 0 && !kvd_bpf_capable()) {
 		snprintf(why_skip, sizeof(why_skip), "needs CAP_BPF and CAP_PERFMON (run as root)");
 		return 0;
 	}
-	if (statfs("/sys/fs/bpf", &sf) || (unsigned long)sf.f_type != (unsigned long)BPF_FS_MAGIC) {
-		snprintf(why_skip, sizeof(why_skip), "no bpf file system on /sys/fs/bpf");
-		return 0;
-	}
-	return 1;
+	return kp_bpffs_open(&fs, why_skip, sizeof(why_skip)) == 0;
 }
 
 static int dir_gone(const char *dir)
@@ -109,9 +106,9 @@ static int run(const char *cmd, char *buf, size_t cap)
 static int setup_daemon(void **state)
 {
 	(void)state;
-	if (!can_bpf())
+	if (why_skip[0])
 		return 0;
-	snprintf(pin_dir, sizeof(pin_dir), "/sys/fs/bpf/kvd-test-%d", (int)getpid());
+	snprintf(pin_dir, sizeof(pin_dir), "%s/kvd-test-%d", fs.base, (int)getpid());
 	/* A small pool: three concurrent requests preempt one another and evict cached blocks. */
 	const char *args[] = { "--bpf=on", "--kv-blocks", "7", "--threads", "2", "--log-level", "info", NULL };
 	int rc = kp_start_ex(&P, args, kp_pin_dir_env, pin_dir);
@@ -219,7 +216,7 @@ static void test_bpftool_dump(void **state)
 	assert_int_equal(kp_generate(P.sock, 1, prompts, (uint32_t[]){ 20 }, (uint32_t[]){ 4 }), 4);
 	struct kvd_counters c = counters(pin_dir);
 	char cmd[512], out[4096];
-	/* Each dump must be JSON whose "formatted" entries name the fields of kvd_maps.h. */
+	/* Each dump must be JSON whose "formatted" entries name the fields of uapi/kvd_metrics.h. */
 	snprintf(cmd, sizeof(cmd),
 		 "bpftool -j map dump pinned %s/counters | python3 -c '"
 		 "import json,sys; d=json.load(sys.stdin); v=d[0][\"formatted\"][\"value\"]; "
@@ -366,8 +363,8 @@ static void test_unpinned_on_exit(void **state)
 {
 	(void)state;
 	SKIP_UNLESS_BPF();
-	char dir[96];
-	snprintf(dir, sizeof(dir), "/sys/fs/bpf/kvd-test-exit-%d", (int)getpid());
+	char dir[128];
+	snprintf(dir, sizeof(dir), "%s/kvd-test-exit-%d", fs.base, (int)getpid());
 	const char *on[] = { "--bpf=on", "--kv-blocks", "16", "--threads", "1", "--log-level", "info", NULL };
 	struct kvd_proc q;
 	assert_int_equal(kp_start_ex(&q, on, kp_pin_dir_env, dir), 0);
@@ -394,8 +391,8 @@ static void test_kvtop_attach(void **state)
 	SKIP_UNLESS_BPF();
 	if (access(KVTOP, X_OK))
 		skip();
-	char dir[96], pid[16];
-	snprintf(dir, sizeof(dir), "/sys/fs/bpf/kvd-test-attach-%d", (int)getpid());
+	char dir[128], pid[16];
+	snprintf(dir, sizeof(dir), "%s/kvd-test-attach-%d", fs.base, (int)getpid());
 	const char *off[] = { "--bpf=off", "--kv-blocks", "16", "--threads", "1", "--log-level", "info", NULL };
 	struct kvd_proc q;
 	assert_int_equal(kp_start_ex(&q, off, kp_pin_dir_env, dir), 0);
@@ -411,7 +408,7 @@ static void test_kvtop_attach(void **state)
 		      (char *)NULL);
 		_exit(127);
 	}
-	char meta[128];
+	char meta[160];
 	snprintf(meta, sizeof(meta), "%s/meta", dir);
 	for (int64_t end = kp_now_ms() + 20000; access(meta, F_OK) && kp_now_ms() < end;)
 		kp_sleep_ms(20);
@@ -519,8 +516,9 @@ int main(void)
 		cmocka_unit_test(test_kvtop_attach),
 		cmocka_unit_test(test_perf_sdt),
 	};
-	can_bpf();
+	can_bpf();	/* first: it may unshare the mount namespace, which moves only the calling thread */
 	int failed = cmocka_run_group_tests_name("bpf_shared_daemon", tests, setup_daemon, teardown_daemon);
 	failed += cmocka_run_group_tests_name("bpf_own_daemon", alone, NULL, NULL);
+	kp_bpffs_close(&fs);
 	return failed ? 1 : 0;
 }

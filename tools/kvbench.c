@@ -9,41 +9,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/un.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 #include "shm/kvclient.h"
+#include "tools/common.h"
 #include "uapi/kvd.h"
 
-#define EXIT_RUNTIME	1
-#define EXIT_USAGE	2
 #define SLOT		0
 #define WAIT_MS		100	/* kvc_wait() slices, so a stop is seen promptly */
 #define STATS_MS	100	/* STATS poll period */
 #define FIRST_ID	100	/* prompt ids start here, past the usual special tokens */
 #define PLOT_BINS	60	/* time bins of the plot */
-
-static volatile sig_atomic_t interrupted;
-
-static void on_signal(int sig)
-{
-	(void)sig;
-	interrupted = 1;
-}
-
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void sleep_s(double s)
-{
-	struct timespec ts = { .tv_sec = (time_t)s, .tv_nsec = (long)((s - (double)(time_t)s) * 1e9) };
-	nanosleep(&ts, NULL);
-}
 
 /* splitmix64: seedable with any value, plenty for token ids and arrivals. */
 static uint64_t rng_next(uint64_t *s)
@@ -148,48 +124,35 @@ static const char usage_text[] =
 	"CQEs. SIGINT/SIGTERM stops the run, cancels what is in flight and prints what\n"
 	"was measured. Exit status: 0 ok, 1 runtime error or nothing completed, 2 usage.\n";
 
-static int parse_double(const char *s, double lo, double hi, double *out)
+/* "A" or "A:B" with lo <= A <= B <= hi; a message on stderr when it is not. */
+static int parse_range(const char *opt, const char *s, uint32_t lo, uint32_t hi, struct range *r)
 {
-	char *end;
-	errno = 0;
-	double v = strtod(s, &end);
-	if (errno || end == s || *end || !(v >= lo && v <= hi))
-		return -EINVAL;
-	*out = v;
+	const char *colon = strchr(s, ':');
+	char *a = strndup(s, colon ? (size_t)(colon - s) : strlen(s));
+	uint64_t x = 0, y = 0;
+	if (!a)
+		return -ENOMEM;
+	/* Each side a whole number of its own. */
+	int rc = tool_parse_u64(NULL, opt, a, lo, hi, &x);
+	free(a);
+	if (!rc && colon)
+		rc = tool_parse_u64(NULL, opt, colon + 1, lo, hi, &y);
+	if (!rc && colon && x > y)
+		rc = -EINVAL;
+	if (rc) {
+		fprintf(stderr, "kvbench: bad value '%s' for %s: expected N or A:B, integers from %u to %u, "
+			"A <= B\n", s, opt, lo, hi);
+		return rc;
+	}
+	r->lo = (uint32_t)x;
+	r->hi = colon ? (uint32_t)y : (uint32_t)x;
 	return 0;
 }
 
-/* An integer in [lo, hi]; with rest, it may end at a ':' whose place goes to *rest. */
-static int parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out, const char **rest)
-{
-	char *end;
-	errno = 0;
-	unsigned long long v = strtoull(s, &end, 0);
-	if (*s == '-' || errno || end == s || (*end && !(rest && *end == ':')) || v < lo || v > hi)
-		return -EINVAL;
-	*out = v;
-	if (rest)
-		*rest = end;
-	return 0;
-}
-
-/* "A" or "A:B" with lo <= A <= B <= hi. */
-static int parse_range(const char *s, uint32_t lo, uint32_t hi, struct range *r)
-{
-	uint64_t a, b;
-	const char *rest;
-	if (parse_u64(s, lo, hi, &a, &rest))
-		return -EINVAL;
-	if (*rest && parse_u64(rest + 1, lo, hi, &b, NULL))
-		return -EINVAL;
-	r->lo = (uint32_t)a;
-	r->hi = *rest ? (uint32_t)b : (uint32_t)a;
-	return r->lo <= r->hi ? 0 : -EINVAL;
-}
-
-/* Returns 0, 1 after --help, or EXIT_USAGE after a message. */
+/* Returns 0, 1 after --help, or TOOL_EXIT_USAGE after a message. */
 static int parse_opts(int argc, char **argv, struct opts *o)
 {
+	const char *who = "kvbench";
 	uint64_t u = 0;
 	int ch;
 
@@ -201,31 +164,29 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 		case OPT_PLOT: o->plot = optarg; break;
 		case OPT_JSON: o->json = 1; break;
 		case 'c':
-			bad = parse_u64(optarg, 1, 4096, &u, NULL);
+			bad = tool_parse_u64(who, "--clients", optarg, 1, 4096, &u);
 			o->clients = (uint32_t)u;
 			break;
-		case 'n': bad = parse_u64(optarg, 1, UINT32_MAX, &o->requests, NULL); break;
-		case 'd': bad = parse_double(optarg, 0.001, 1e6, &o->duration); break;
-		case 'r': bad = parse_double(optarg, 1e-6, 1e6, &o->rate); break;
-		case 'p': bad = parse_range(optarg, 1, 1u << 24, &o->prompt); break;
-		case 'o': bad = parse_range(optarg, 1, 1u << 24, &o->output); break;
+		case 'n': bad = tool_parse_u64(who, "--requests", optarg, 1, UINT32_MAX, &o->requests); break;
+		case 'd': bad = tool_parse_double(who, "--duration", optarg, 0.001, 1e6, &o->duration); break;
+		case 'r': bad = tool_parse_double(who, "--rate", optarg, 1e-6, 1e6, &o->rate); break;
+		case 'p': bad = parse_range("--prompt-len", optarg, 1, 1u << 24, &o->prompt); break;
+		case 'o': bad = parse_range("--output-len", optarg, 1, 1u << 24, &o->output); break;
 		case OPT_PREFIX:
-			bad = parse_u64(optarg, 0, 1u << 24, &u, NULL);
+			bad = tool_parse_u64(who, "--shared-prefix", optarg, 0, 1u << 24, &u);
 			o->shared_prefix = (uint32_t)u;
 			break;
-		case OPT_SEED: bad = parse_u64(optarg, 0, UINT64_MAX, &o->seed, NULL); break;
-		case OPT_TEMP: bad = parse_double(optarg, 0, 65.535, &o->temp); break;
+		case OPT_SEED: bad = tool_parse_u64(who, "--seed", optarg, 0, UINT64_MAX, &o->seed); break;
+		case OPT_TEMP: bad = tool_parse_double(who, "--temp", optarg, 0, 65.535, &o->temp); break;
 		case 'h':
 			fputs(usage_text, stdout);
 			return 1;
 		default:
 			bad = -1;	/* getopt said why */
 		}
-		if (bad) {
-			if (bad != -1)
-				fprintf(stderr, "kvbench: bad value '%s'\n", optarg);
+		if (bad) {	/* the parser or getopt said why */
 			fputs(usage_text, stderr);
-			return EXIT_USAGE;
+			return TOOL_EXIT_USAGE;
 		}
 	}
 	const char *why = optind != argc ? "unexpected arguments" :
@@ -234,7 +195,7 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 		NULL;
 	if (why) {
 		fprintf(stderr, "kvbench: %s\n", why);
-		return EXIT_USAGE;
+		return TOOL_EXIT_USAGE;
 	}
 	if (!o->requests && !o->duration)
 		o->requests = 8ull * o->clients;
@@ -312,9 +273,9 @@ static int ticket(struct bench *b, double *when)
 	const struct opts *o = &b->o;
 	int ok = 0;
 
-	if (interrupted || atomic_load(&b->failed))
+	if (tool_interrupted || atomic_load(&b->failed))
 		return 0;
-	double t = now_s() - b->t0;
+	double t = tool_now_s() - b->t0;
 	pthread_mutex_lock(&b->lock);
 	*when = o->rate > 0 ? b->next_arrival : 0;
 	if ((o->requests && b->issued >= o->requests) || (o->duration && t >= o->duration) ||
@@ -360,13 +321,13 @@ static int run_request(struct client *cl, uint64_t ud, struct sample *s)
 	sqe.flags = KVD_SQE_STREAM | KVD_SQE_IGNORE_EOS;
 	struct kvc_sampling sp = { .temperature = (float)o->temp, .seed = rng_next(&cl->rng) };
 	kvc_prep_sampling(&sqe, &sp);	/* the range was checked while parsing */
-	double t_sub = now_s(), t_prev = 0;
+	double t_sub = tool_now_s(), t_prev = 0;
 	s->start = t_sub - b->t0;
 	if ((err = kvc_submit(cl->c, &sqe)))
 		return err;	/* one request at a time: the SQ is never full */
 
 	for (;;) {
-		if (interrupted && !cancel_sent) {
+		if (tool_interrupted && !cancel_sent) {
 			kvc_prep_cancel(&sqe, cl->session, ud | 1, ud);
 			if ((err = kvc_submit(cl->c, &sqe)) && err != -EAGAIN)
 				return err;
@@ -377,7 +338,7 @@ static int run_request(struct client *cl, uint64_t ud, struct sample *s)
 			continue;
 		if (err)
 			return err;
-		double t = now_s();
+		double t = tool_now_s();
 		if (cqe.user_data != ud)
 			continue;	/* our CANCEL's */
 		int more = cqe.flags & KVD_CQE_MORE;
@@ -414,9 +375,9 @@ static void *client_main(void *arg)
 	double when, d;
 
 	while (ticket(b, &when)) {
-		while (!interrupted && (d = b->t0 + when - now_s()) > 0)
-			sleep_s(d < 0.1 ? d : 0.1);
-		if (interrupted)
+		while (!tool_interrupted && (d = b->t0 + when - tool_now_s()) > 0)
+			tool_sleep_s(d < 0.1 ? d : 0.1);
+		if (tool_interrupted)
 			break;
 		struct sample s;
 		ud += 2;	/* odd user_data: CANCELs */
@@ -450,7 +411,7 @@ static void *stats_main(void *arg)
 
 	while (!atomic_load(&b->done) && !(b->stats_err = kvc_stats(b->sc, &st))) {
 		note_stats(b, &st);
-		sleep_s(STATS_MS / 1e3);
+		tool_sleep_s(STATS_MS / 1e3);
 	}
 	return NULL;
 }
@@ -693,24 +654,6 @@ static int write_plot(const struct bench *b, const struct results *r, const char
 /* ---------------------------------------------------------------------- */
 /* Setup.                                                                 */
 
-static const char *conn_error(int err)
-{
-	return err == -ECONNRESET || err == -EPIPE ? "the daemon went away" :
-	       err == -ESHUTDOWN ? "the daemon is shutting down" : strerror(-err);
-}
-
-static int connect_or_complain(struct kvc_conn **c, const char *path, const char *who)
-{
-	char def[sizeof(((struct sockaddr_un *)0)->sun_path)];
-	int err = kvc_connect(c, path);
-	if (!err)
-		return 0;
-	if (!path)
-		path = kvc_default_socket(def, sizeof(def)) >= 0 ? def : "(default socket)";
-	fprintf(stderr, "kvbench: %s: cannot connect to %s: %s%s\n", who, path, strerror(-err),
-		err == -ENOENT || err == -ECONNREFUSED ? " (is kvd running?)" : "");
-	return err;
-}
 
 /* The ids prompts are drawn from: FIRST_ID and up, plain text (no KVD_TOKF_* flag). */
 static int pick_ids(struct bench *b, const struct kvd_hello_rep *h)
@@ -738,7 +681,9 @@ static int open_client(struct client *cl, uint64_t *master)
 
 	snprintf(who, sizeof(who), "client %u", cl->idx);
 	cl->rng = rng_next(master);
-	if ((err = connect_or_complain(&cl->c, o->socket, who)))
+	char tag[48];
+	snprintf(tag, sizeof(tag), "kvbench: %s", who);
+	if ((err = tool_connect(&cl->c, o->socket, tag)))
 		return err;
 	/* Room for the longest prompt and reply, page-rounded. */
 	uint32_t in_bytes = (o->prompt.hi * 4 + 63) & ~63u, out_bytes = (o->output.hi * 4 + 63) & ~63u;
@@ -763,36 +708,36 @@ static int setup(struct bench *b)
 	const struct opts *o = &b->o;
 	int err;
 
-	if (connect_or_complain(&b->sc, o->socket, "stats"))
-		return EXIT_RUNTIME;
+	if (tool_connect(&b->sc, o->socket, "kvbench: stats"))
+		return TOOL_EXIT_RUNTIME;
 	const struct kvd_hello_rep *h = kvc_info(b->sc);
 	uint32_t limit = h->max_tokens && h->max_tokens < h->ctx_len ? h->max_tokens : h->ctx_len;
 	if ((uint64_t)o->prompt.hi + o->output.hi > limit) {
 		fprintf(stderr, "kvbench: prompt %u plus output %u tokens exceed the daemon's %u per "
 			"request\n", o->prompt.hi, o->output.hi, limit);
-		return EXIT_USAGE;
+		return TOOL_EXIT_USAGE;
 	}
 	if ((err = pick_ids(b, h))) {
 		fprintf(stderr, "kvbench: no prompt token ids to draw from: %s\n", strerror(-err));
-		return EXIT_RUNTIME;
+		return TOOL_EXIT_RUNTIME;
 	}
 	uint64_t master = o->seed;
 	b->prefix = malloc((o->shared_prefix + 1) * sizeof(*b->prefix));
 	b->cl = calloc(o->clients, sizeof(*b->cl));
 	if (!b->prefix || !b->cl) {
 		fprintf(stderr, "kvbench: out of memory\n");
-		return EXIT_RUNTIME;
+		return TOOL_EXIT_RUNTIME;
 	}
 	for (uint32_t i = 0; i < o->shared_prefix; i++)
 		b->prefix[i] = b->ids[rng_next(&master) % b->n_ids];
 	b->arrival_rng = rng_next(&master);
-	for (uint32_t i = 0; i < o->clients && !interrupted; i++) {
+	for (uint32_t i = 0; i < o->clients && !tool_interrupted; i++) {
 		b->cl[i].b = b;
 		b->cl[i].idx = i;
 		if (open_client(&b->cl[i], &master))
-			return EXIT_RUNTIME;
+			return TOOL_EXIT_RUNTIME;
 	}
-	return interrupted ? EXIT_RUNTIME : 0;
+	return tool_interrupted ? TOOL_EXIT_RUNTIME : 0;
 }
 
 int main(int argc, char **argv)
@@ -810,23 +755,18 @@ int main(int argc, char **argv)
 	const struct opts *o = &b.o;
 
 	/* No SA_RESTART: a signal must cut a sleep short. */
-	struct sigaction sa;
-	memset(&sa, 0, sizeof(sa));
-	sa.sa_handler = on_signal;
-	sigemptyset(&sa.sa_mask);
-	sigaction(SIGINT, &sa, NULL);
-	sigaction(SIGTERM, &sa, NULL);
+	tool_catch_signals((const int[]){ SIGINT, SIGTERM, 0 });
 	signal(SIGPIPE, SIG_IGN);	/* a failing gnuplot must not kill us */
 	pthread_mutex_init(&b.lock, NULL);
 
 	if ((rc = setup(&b)))
 		goto out;
-	rc = EXIT_RUNTIME;
+	rc = TOOL_EXIT_RUNTIME;
 	if ((err = kvc_stats(b.sc, &st0))) {
-		fprintf(stderr, "kvbench: stats: %s\n", conn_error(err));
+		fprintf(stderr, "kvbench: stats: %s\n", tool_conn_error(err));
 		goto out;
 	}
-	b.t0 = now_s();
+	b.t0 = tool_now_s();
 	note_stats(&b, &st0);
 	if ((err = pthread_create(&b.sth, NULL, stats_main, &b))) {
 		fprintf(stderr, "kvbench: pthread_create: %s\n", strerror(err));
@@ -841,16 +781,16 @@ int main(int argc, char **argv)
 	}
 	for (uint32_t i = 0; i < started; i++)
 		pthread_join(b.cl[i].th, NULL);
-	double wall = now_s() - b.t0;
+	double wall = tool_now_s() - b.t0;
 	atomic_store(&b.done, 1);
 	pthread_join(b.sth, NULL);
 	for (uint32_t i = 0, bad = 0; i < started; i++)
 		if (b.cl[i].err && !bad++)
-			fprintf(stderr, "kvbench: client %u: %s\n", i, conn_error(b.cl[i].err));
+			fprintf(stderr, "kvbench: client %u: %s\n", i, tool_conn_error(b.cl[i].err));
 	if (atomic_load(&b.failed))
 		goto out;
 	if ((err = b.stats_err ? b.stats_err : kvc_stats(b.sc, &st1))) {
-		fprintf(stderr, "kvbench: stats: %s\n", conn_error(err));
+		fprintf(stderr, "kvbench: stats: %s\n", tool_conn_error(err));
 		goto out;
 	}
 	note_stats(&b, &st1);
@@ -862,19 +802,19 @@ int main(int argc, char **argv)
 		print_json(&b, &r);
 	else
 		print_table(&b, &r);
-	rc = fflush(stdout) ? EXIT_RUNTIME : 0;
+	rc = fflush(stdout) ? TOOL_EXIT_RUNTIME : 0;
 	if (o->csv && (err = write_csv(&b, o->csv))) {
 		fprintf(stderr, "kvbench: --csv %s: %s\n", o->csv, strerror(-err));
-		rc = EXIT_RUNTIME;
+		rc = TOOL_EXIT_RUNTIME;
 	}
 	if (o->plot && (err = write_plot(&b, &r, o->plot))) {
 		fprintf(stderr, "kvbench: --plot %s: %s\n", o->plot, err == -ENOENT ?
 			"gnuplot not found" : err == -EIO ? "gnuplot failed" : strerror(-err));
-		rc = EXIT_RUNTIME;
+		rc = TOOL_EXIT_RUNTIME;
 	}
 	if (!r.done) {
 		fprintf(stderr, "kvbench: no request completed\n");
-		rc = EXIT_RUNTIME;
+		rc = TOOL_EXIT_RUNTIME;
 	}
 out:
 	for (uint32_t i = 0; b.cl && i < o->clients; i++) {

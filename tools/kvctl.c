@@ -7,41 +7,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/un.h>
-#include <time.h>
 #include <unistd.h>
 #include "shm/kvclient.h"
+#include "tools/common.h"
 #include "uapi/kvd.h"
 
-#define EXIT_RUNTIME	1
-#define EXIT_USAGE	2
 #define SLOT		0
 #define WAIT_MS		200	/* kvc_wait() slices, so a SIGINT that misses poll() is seen */
 
-static volatile sig_atomic_t interrupted;
 static const char *global_socket;	/* --socket before the command */
 
-static void on_sigint(int sig)
-{
-	(void)sig;
-	interrupted = 1;
-}
-
-/* No SA_RESTART: a SIGINT must interrupt poll() and getline(). */
+/* A SIGINT must interrupt poll() and getline(): tool_catch_signals() sets no SA_RESTART. */
 static void catch_sigint(void)
 {
-	struct sigaction sa;
-	memset(&sa, 0, sizeof(sa));
-	sa.sa_handler = on_sigint;
-	sigemptyset(&sa.sa_mask);
-	sigaction(SIGINT, &sa, NULL);
-}
-
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+	tool_catch_signals((const int[]){ SIGINT, 0 });
 }
 
 /* ---------------------------------------------------------------------- */
@@ -134,37 +113,13 @@ static void usage_info(FILE *f)
 	fprintf(f, "usage: kvctl info [--json] [--socket PATH]\n");
 }
 
-static int parse_double(const char *s, double lo, double hi, double *out)
-{
-	char *end;
-	errno = 0;
-	double v = strtod(s, &end);
-	if (errno || end == s || *end || !(v >= lo && v <= hi))
-		return -EINVAL;
-	*out = v;
-	return 0;
-}
-
-static int parse_u64(const char *s, uint64_t hi, uint64_t *out)
-{
-	char *end;
-	errno = 0;
-	if (*s == '-')
-		return -EINVAL;
-	unsigned long long v = strtoull(s, &end, 0);
-	if (errno || end == s || *end || v > hi)
-		return -EINVAL;
-	*out = v;
-	return 0;
-}
-
 /*
  * Parse a command's options; the shared sampling set is accepted by
  * generate and chat, --json by the others. Returns 0, 1 after --help, or
- * EXIT_USAGE after a message.
+ * TOOL_EXIT_USAGE after a message.
  */
 static int parse_opts(int argc, char **argv, struct opts *o, int sampling,
-		      void (*usage)(FILE *), const char *cmd)
+		      void (*usage)(FILE *))
 {
 	static const struct option simple[] = {
 		{ "socket", required_argument, NULL, OPT_SOCKET },
@@ -175,6 +130,7 @@ static int parse_opts(int argc, char **argv, struct opts *o, int sampling,
 	int ch;
 	double d = 0;
 	uint64_t u = 0;
+	const char *who = argv[0];	/* "kvctl CMD", as getopt's own messages */
 
 	optind = 0;	/* glibc: reinitialise, scanning from argv[1] */
 	while ((ch = getopt_long(argc, argv, sampling ? "n:h" : "h",
@@ -186,31 +142,31 @@ static int parse_opts(int argc, char **argv, struct opts *o, int sampling,
 		case OPT_POLL: o->poll = 1; break;
 		case OPT_JSON: o->json = 1; break;
 		case 'n':
-			bad = parse_u64(optarg, UINT32_MAX / 4, &u) || u == 0;
+			bad = tool_parse_u64(who, "-n", optarg, 1, UINT32_MAX / 4, &u);
 			o->max_tokens = (uint32_t)u;
 			break;
 		case OPT_TEMP:
-			bad = parse_double(optarg, 0, 65.535, &d);
+			bad = tool_parse_double(who, "--temp", optarg, 0, 65.535, &d);
 			o->sp.temperature = (float)d;
 			break;
 		case OPT_TOP_K:
-			bad = parse_u64(optarg, 65535, &u);
+			bad = tool_parse_u64(who, "--top-k", optarg, 0, 65535, &u);
 			o->sp.top_k = (uint32_t)u;
 			break;
 		case OPT_TOP_P:
-			bad = parse_double(optarg, 0, 1, &d);
+			bad = tool_parse_double(who, "--top-p", optarg, 0, 1, &d);
 			o->sp.top_p = (float)d;
 			break;
 		case OPT_MIN_P:
-			bad = parse_double(optarg, 0, 1, &d);
+			bad = tool_parse_double(who, "--min-p", optarg, 0, 1, &d);
 			o->sp.min_p = (float)d;
 			break;
 		case OPT_REPEAT:
-			bad = parse_double(optarg, 0, 65.535, &d);
+			bad = tool_parse_double(who, "--repeat-penalty", optarg, 0, 65.535, &d);
 			o->sp.repeat_penalty = (float)d;
 			break;
 		case OPT_SEED:
-			bad = parse_u64(optarg, UINT64_MAX, &o->sp.seed);
+			bad = tool_parse_u64(who, "--seed", optarg, 0, UINT64_MAX, &o->sp.seed);
 			break;
 		case 'h':
 			usage(stdout);
@@ -218,11 +174,9 @@ static int parse_opts(int argc, char **argv, struct opts *o, int sampling,
 		default:
 			bad = -1;	/* getopt said why */
 		}
-		if (bad) {
-			if (bad != -1)
-				fprintf(stderr, "kvctl %s: bad value '%s'\n", cmd, optarg);
+		if (bad) {	/* the parser or getopt said why */
 			usage(stderr);
-			return EXIT_USAGE;
+			return TOOL_EXIT_USAGE;
 		}
 	}
 	return 0;
@@ -234,55 +188,7 @@ static int parse_opts(int argc, char **argv, struct opts *o, int sampling,
 static struct kvc_conn *connect_or_complain(const char *path)
 {
 	struct kvc_conn *c;
-	char def[sizeof(((struct sockaddr_un *)0)->sun_path)];
-	int err = kvc_connect(&c, path);
-	if (!err)
-		return c;
-	if (!path)
-		path = kvc_default_socket(def, sizeof(def)) >= 0 ? def : "(default socket)";
-	fprintf(stderr, "kvctl: cannot connect to %s: %s%s\n", path, strerror(-err),
-		err == -ENOENT || err == -ECONNREFUSED ? " (is kvd running?)" : "");
-	return NULL;
-}
-
-/* ---------------------------------------------------------------------- */
-/* JSON.                                                                  */
-
-/* Print s[0, n) as a JSON string; bytes that are not valid UTF-8 become U+FFFD. */
-static void json_string(FILE *f, const char *s, size_t n)
-{
-	const uint8_t *p = (const uint8_t *)s;
-	fputc('"', f);
-	for (size_t i = 0; i < n;) {
-		uint8_t b = p[i];
-		if (b == '"' || b == '\\') {
-			fprintf(f, "\\%c", b);
-		} else if (b == '\n') {
-			fputs("\\n", f);
-		} else if (b == '\t') {
-			fputs("\\t", f);
-		} else if (b == '\r') {
-			fputs("\\r", f);
-		} else if (b < 0x20 || b == 0x7f) {
-			fprintf(f, "\\u%04x", b);
-		} else if (b >= 0x80) {
-			size_t len = b >= 0xc2 && b <= 0xdf ? 2 : b >= 0xe0 && b <= 0xef ? 3 :
-				     b >= 0xf0 && b <= 0xf4 ? 4 : 0;
-			size_t k = 1;
-			while (len && k < len && i + k < n && (p[i + k] & 0xc0) == 0x80)
-				k++;
-			if (len && k == len) {
-				fwrite(p + i, 1, len, f);
-				i += len;
-				continue;
-			}
-			fputs("\\ufffd", f);
-		} else {
-			fputc(b, f);
-		}
-		i++;
-	}
-	fputc('"', f);
+	return tool_connect(&c, path, "kvctl") ? NULL : c;
 }
 
 /* ---------------------------------------------------------------------- */
@@ -368,14 +274,14 @@ static int run_turn(struct kvc_conn *c, uint32_t session, uint64_t ud, const cha
 			  o->max_tokens);
 	sqe.flags = flags | KVD_SQE_STREAM;
 	kvc_prep_sampling(&sqe, &o->sp);	/* ranges were checked while parsing */
-	t->t_submit = now_s();
+	t->t_submit = tool_now_s();
 	err = kvc_submit(c, &sqe);
 	if (err)
 		return err;
 
 	uint32_t printed = 0;
 	for (;;) {
-		if (interrupted && !cancel_sent) {
+		if (tool_interrupted && !cancel_sent) {
 			kvc_prep_cancel(&sqe, session, ud + 1, ud);
 			err = kvc_submit(c, &sqe);
 			if (err && err != -EAGAIN)
@@ -383,7 +289,7 @@ static int run_turn(struct kvc_conn *c, uint32_t session, uint64_t ud, const cha
 			cancel_sent = !err;
 		}
 		if (poll_cq) {
-			while ((err = kvc_peek(c, &cqe)) == -EAGAIN && !interrupted)
+			while ((err = kvc_peek(c, &cqe)) == -EAGAIN && !tool_interrupted)
 				;
 		} else {
 			err = kvc_wait(c, &cqe, WAIT_MS);
@@ -397,7 +303,7 @@ static int run_turn(struct kvc_conn *c, uint32_t session, uint64_t ud, const cha
 				continue;	/* our CANCEL's, or an earlier turn's */
 			if (cqe.res < 0) {
 				t->res = cqe.res;
-				t->t_end = now_s();
+				t->t_end = tool_now_s();
 				goto done;
 			}
 			int more = cqe.flags & KVD_CQE_MORE;
@@ -411,17 +317,17 @@ static int run_turn(struct kvc_conn *c, uint32_t session, uint64_t ud, const cha
 				fprintf(stderr, "kvctl: protocol: CQE token %u but arena[%u] = %u\n",
 					cqe.token, upto - 1, out[upto - 1]);
 			if (upto > printed && !t->t_first)
-				t->t_first = now_s();
+				t->t_first = tool_now_s();
 			for (; printed < upto; printed++)
 				print_token(&pr, out[printed]);
 			if (!more) {
 				t->res = cqe.res;
 				t->n = upto;
 				t->flags = cqe.flags;
-				t->t_end = now_s();
+				t->t_end = tool_now_s();
 				goto done;
 			}
-			t->t_last = now_s();
+			t->t_last = tool_now_s();
 		} while (kvc_peek(c, &cqe) == 0);
 		fflush(stdout);
 	}
@@ -472,13 +378,13 @@ static char *read_all(FILE *f, size_t *len)
 static int cmd_generate(int argc, char **argv)
 {
 	struct opts o = { .socket = global_socket, .max_tokens = 128 };
-	int rc = parse_opts(argc, argv, &o, 1, usage_generate, "generate");
+	int rc = parse_opts(argc, argv, &o, 1, usage_generate);
 	if (rc)
 		return rc == 1 ? 0 : rc;
 	if (optind != argc - 1) {
 		fprintf(stderr, "kvctl generate: expected one PROMPT\n");
 		usage_generate(stderr);
-		return EXIT_USAGE;
+		return TOOL_EXIT_USAGE;
 	}
 	char *stdin_text = NULL;
 	const char *prompt = argv[optind];
@@ -487,11 +393,11 @@ static int cmd_generate(int argc, char **argv)
 		prompt = stdin_text = read_all(stdin, &len);
 		if (!stdin_text) {
 			fprintf(stderr, "kvctl: out of memory\n");
-			return EXIT_RUNTIME;
+			return TOOL_EXIT_RUNTIME;
 		}
 	}
 
-	rc = EXIT_RUNTIME;
+	rc = TOOL_EXIT_RUNTIME;
 	struct kvc_conn *c = connect_or_complain(o.socket);
 	if (!c)
 		goto out_free;
@@ -510,8 +416,7 @@ static int cmd_generate(int argc, char **argv)
 	catch_sigint();
 	err = run_turn(c, session, 1, prompt, len, KVD_SQE_TEXT, &o, &t);
 	if (err) {
-		fprintf(stderr, "\nkvctl: %s\n", err == -ECONNRESET ? "the daemon went away" :
-			strerror(-err));
+		fprintf(stderr, "\nkvctl: %s\n", tool_conn_error(err));
 		goto out_close;
 	}
 	if (t.res < 0) {
@@ -540,7 +445,7 @@ static int cmd_generate(int argc, char **argv)
 			}
 		}
 		fputs("{\"text\":", stdout);
-		json_string(stdout, text, (size_t)(p - text));
+		tool_json_string(stdout, text, (size_t)(p - text));
 		fputs(",\"tokens\":[", stdout);
 		for (uint32_t i = 0; i < t.n; i++)
 			printf("%s%" PRIu32, i ? "," : "", ids[i]);
@@ -552,7 +457,7 @@ static int cmd_generate(int argc, char **argv)
 			t.n, t.t_end - t.t_submit, rate,
 			t.t_first ? (t.t_first - t.t_submit) * 1e3 : 0.0, stop_name(t.flags));
 	}
-	rc = fflush(stdout) ? EXIT_RUNTIME : 0;
+	rc = fflush(stdout) ? TOOL_EXIT_RUNTIME : 0;
 out_close:
 	kvc_close(c);
 out_free:
@@ -581,17 +486,17 @@ static int wait_for(struct kvc_conn *c, uint64_t ud)
 static int cmd_chat(int argc, char **argv)
 {
 	struct opts o = { .socket = global_socket, .max_tokens = 256 };
-	int rc = parse_opts(argc, argv, &o, 1, usage_chat, "chat");
+	int rc = parse_opts(argc, argv, &o, 1, usage_chat);
 	if (rc)
 		return rc == 1 ? 0 : rc;
 	if (optind != argc) {
 		usage_chat(stderr);
-		return EXIT_USAGE;
+		return TOOL_EXIT_USAGE;
 	}
 	struct kvc_conn *c = connect_or_complain(o.socket);
 	if (!c)
-		return EXIT_RUNTIME;
-	rc = EXIT_RUNTIME;
+		return TOOL_EXIT_RUNTIME;
+	rc = TOOL_EXIT_RUNTIME;
 	if (!(kvc_info(c)->features & KVD_FEAT_TEXT)) {
 		fprintf(stderr, "kvctl: the daemon does not take text prompts\n");
 		goto out;
@@ -614,7 +519,7 @@ static int cmd_chat(int argc, char **argv)
 			fputs("> ", stdout);
 			fflush(stdout);
 		}
-		interrupted = 0;
+		tool_interrupted = 0;
 		ssize_t n = getline(&line, &cap, stdin);
 		if (n < 0) {
 			if (tty)
@@ -663,8 +568,7 @@ static int cmd_chat(int argc, char **argv)
 	rc = 0;
 	goto out_line;
 conn_lost:
-	fprintf(stderr, "\nkvctl: %s\n", err == -ECONNRESET || err == -EPIPE ?
-		"the daemon went away" : strerror(-err));
+	fprintf(stderr, "\nkvctl: %s\n", tool_conn_error(err));
 out_line:
 	free(line);
 out:
@@ -686,22 +590,22 @@ static const struct { const char *name; size_t off; int u32; } stats_fields[] = 
 static int cmd_stats(int argc, char **argv)
 {
 	struct opts o = { .socket = global_socket };
-	int rc = parse_opts(argc, argv, &o, 0, usage_stats, "stats");
+	int rc = parse_opts(argc, argv, &o, 0, usage_stats);
 	if (rc)
 		return rc == 1 ? 0 : rc;
 	if (optind != argc) {
 		usage_stats(stderr);
-		return EXIT_USAGE;
+		return TOOL_EXIT_USAGE;
 	}
 	struct kvc_conn *c = connect_or_complain(o.socket);
 	if (!c)
-		return EXIT_RUNTIME;
+		return TOOL_EXIT_RUNTIME;
 	struct kvd_stats_rep st;
 	int err = kvc_stats(c, &st);
 	kvc_close(c);
 	if (err) {
 		fprintf(stderr, "kvctl: stats: %s\n", strerror(-err));
-		return EXIT_RUNTIME;
+		return TOOL_EXIT_RUNTIME;
 	}
 	const size_t n = sizeof(stats_fields) / sizeof(stats_fields[0]);
 	if (o.json)
@@ -723,7 +627,7 @@ static int cmd_stats(int argc, char **argv)
 	}
 	if (o.json)
 		puts("}");
-	return fflush(stdout) ? EXIT_RUNTIME : 0;
+	return fflush(stdout) ? TOOL_EXIT_RUNTIME : 0;
 }
 
 static const char *const feature_names[] = {
@@ -746,16 +650,16 @@ static void print_id(const char *name, uint32_t id, int json)
 static int cmd_info(int argc, char **argv)
 {
 	struct opts o = { .socket = global_socket };
-	int rc = parse_opts(argc, argv, &o, 0, usage_info, "info");
+	int rc = parse_opts(argc, argv, &o, 0, usage_info);
 	if (rc)
 		return rc == 1 ? 0 : rc;
 	if (optind != argc) {
 		usage_info(stderr);
-		return EXIT_USAGE;
+		return TOOL_EXIT_USAGE;
 	}
 	struct kvc_conn *c = connect_or_complain(o.socket);
 	if (!c)
-		return EXIT_RUNTIME;
+		return TOOL_EXIT_RUNTIME;
 	const struct kvd_hello_rep *h = kvc_info(c);
 	const int js = o.json;
 	const struct { const char *name; uint64_t v; } nums[] = {
@@ -769,9 +673,9 @@ static int cmd_info(int argc, char **argv)
 
 	if (js) {
 		fputs("{\"model\":", stdout);
-		json_string(stdout, h->model_name, strlen(h->model_name));
+		tool_json_string(stdout, h->model_name, strlen(h->model_name));
 		fputs(",\"backend\":", stdout);
-		json_string(stdout, h->backend, strlen(h->backend));
+		tool_json_string(stdout, h->backend, strlen(h->backend));
 	} else {
 		printf("%-18s %s\n%-18s %s\n", "model", h->model_name, "backend", h->backend);
 	}
@@ -788,7 +692,7 @@ static int cmd_info(int argc, char **argv)
 			       feature_names[b]);
 	puts(js ? "]}" : "");
 	kvc_close(c);
-	return fflush(stdout) ? EXIT_RUNTIME : 0;
+	return fflush(stdout) ? TOOL_EXIT_RUNTIME : 0;
 }
 
 int main(int argc, char **argv)
@@ -815,12 +719,12 @@ int main(int argc, char **argv)
 		} else {
 			fprintf(stderr, "kvctl: unknown option '%s'\n", argv[i]);
 			fputs(usage_main, stderr);
-			return EXIT_USAGE;
+			return TOOL_EXIT_USAGE;
 		}
 	}
 	if (i == argc) {
 		fputs(usage_main, stderr);
-		return EXIT_USAGE;
+		return TOOL_EXIT_USAGE;
 	}
 	global_socket = sock;
 	for (size_t k = 0; k < sizeof(cmds) / sizeof(cmds[0]); k++) {
@@ -833,5 +737,5 @@ int main(int argc, char **argv)
 	}
 	fprintf(stderr, "kvctl: unknown command '%s'\n", argv[i]);
 	fputs(usage_main, stderr);
-	return EXIT_USAGE;
+	return TOOL_EXIT_USAGE;
 }

@@ -13,8 +13,9 @@
 #include <sys/ioctl.h>
 #include <bpf/bpf.h>
 #include "bpf/kvd_load.h"
-#include "bpf/kvd_maps.h"
+#include "uapi/kvd_metrics.h"
 #include "shm/kvclient.h"
+#include "tools/common.h"
 
 #define MAX_UIDS 256
 
@@ -57,21 +58,6 @@ static const char *const hist_help[KVD_HIST_LAST] = {
 	"Duration of one engine step.",
 	"Step time per row, for steps that carry prompt rows.",
 };
-
-static volatile sig_atomic_t stop;
-
-static void on_signal(int sig)
-{
-	(void)sig;
-	stop = 1;
-}
-
-static double mono_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* ---- reading ---- */
 
@@ -143,7 +129,7 @@ out:
 static void take(struct snap *s, struct kvc_conn *c, const struct opts *o)
 {
 	memset(s, 0, sizeof(*s));
-	s->t = mono_s();
+	s->t = tool_now_s();
 	read_bpf(o->pin_dir, s);
 	s->have_stats = c && kvc_stats(c, &s->st) == 0;
 }
@@ -228,8 +214,8 @@ static void print_json(const struct snap *s, const struct opts *o)
 	__u64 used, cached, total;
 	const char *src;
 	pool_figures(s, &used, &cached, &total, &src);
-	printf("{\"time\":%lld,\"bpf\":%s,\"pin_dir\":\"%s\"", (long long)time(NULL),
-	       s->have_bpf ? "true" : "false", o->pin_dir);
+	printf("{\"time\":%lld,\"bpf\":%s,\"pin_dir\":", (long long)time(NULL), s->have_bpf ? "true" : "false");
+	tool_json_string(stdout, o->pin_dir, strlen(o->pin_dir));	/* any path, now that $KVD_BPF_PIN_DIR picks it */
 	if (s->have_bpf) {
 		printf(",\"daemon_pid\":%u,\"loader_pid\":%u", s->meta.daemon_pid, s->meta.loader_pid);
 		printf(",\"counters\":{\"tokens\":%llu,\"first_tokens\":%llu"
@@ -540,7 +526,8 @@ static void usage(FILE *f)
 		"  --prometheus      print the Prometheus text exposition format once and exit\n"
 		"  --attach PID      load and attach the BPF programs to that running kvd (when the\n"
 		"                    daemon did not load them itself); detaches and unpins on exit\n"
-		"  --pin-dir DIR     where the maps are pinned (default /sys/fs/bpf/kvd)\n");
+		"  --pin-dir DIR     where the maps are pinned (default $KVD_BPF_PIN_DIR, as for kvd,\n"
+		"                    else /sys/fs/bpf/kvd)\n");
 }
 
 static int parse(int argc, char **argv, struct opts *o)
@@ -558,31 +545,24 @@ static int parse(int argc, char **argv, struct opts *o)
 		{ 0 },
 	};
 	int c;
-	char *end;
+	uint64_t pid;
 	o->interval = 1;
-	o->pin_dir = KVD_PIN_DIR;
+	o->pin_dir = kvd_bpf_default_pin_dir();	/* the daemon's own default: the same pins */
 	while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
 		switch (c) {
 		case O_SOCKET: o->socket = optarg; break;
 		case O_INTERVAL:
-			o->interval = strtod(optarg, &end);
-			if (*end || end == optarg || !(o->interval >= 0.05 && o->interval <= 3600)) {
-				fprintf(stderr, "kvtop: bad interval '%s' (0.05 to 3600 seconds)\n", optarg);
+			if (tool_parse_double("kvtop", "--interval", optarg, 0.05, 3600, &o->interval))
 				return -EINVAL;
-			}
 			break;
 		case O_ONCE: o->once = 1; break;
 		case O_JSON: o->json = 1; break;
 		case O_PROM: o->prometheus = 1; break;
-		case O_ATTACH: {
-			long v = strtol(optarg, &end, 10);
-			if (*end || end == optarg || v <= 0 || v > 0x7fffffff) {
-				fprintf(stderr, "kvtop: bad pid '%s'\n", optarg);
+		case O_ATTACH:
+			if (tool_parse_u64("kvtop", "--attach", optarg, 1, 0x7fffffff, &pid))
 				return -EINVAL;
-			}
-			o->attach = (pid_t)v;
+			o->attach = (pid_t)pid;
 			break;
-		}
 		case O_PINDIR: o->pin_dir = optarg; break;
 		case 'h': usage(stdout); exit(0);
 		default: return -EINVAL;
@@ -611,12 +591,10 @@ int main(int argc, char **argv)
 	int rc;
 	if (parse(argc, argv, &o)) {
 		usage(stderr);
-		return 2;
+		return TOOL_EXIT_USAGE;
 	}
-	struct sigaction sa = { .sa_handler = on_signal };
-	sigaction(SIGINT, &sa, NULL);
-	sigaction(SIGTERM, &sa, NULL);
-	sigaction(SIGHUP, &sa, NULL);
+	/* No SA_RESTART: a signal cuts the sleep between refreshes short. */
+	tool_catch_signals((const int[]){ SIGINT, SIGTERM, SIGHUP, 0 });
 	if (o.attach) {
 		char err[512];
 		if ((rc = kvd_bpf_load(&attached, o.attach, o.pin_dir, err, sizeof(err)))) {
@@ -624,9 +602,12 @@ int main(int argc, char **argv)
 			return 1;
 		}
 	}
-	rc = kvc_connect(&conn, o.socket);
-	if (rc && !o.once && !o.prometheus)
-		fprintf(stderr, "kvtop: cannot reach the daemon: %s (showing BPF maps only)\n", strerror(-rc));
+	/* Without the daemon the maps alone are still worth showing: say why only where it is missing. */
+	int conn_err = tool_connect(&conn, o.socket, NULL);
+	if (conn_err && !o.once && !o.prometheus) {
+		tool_connect_explain("kvtop", o.socket, conn_err);
+		fprintf(stderr, "kvtop: showing the BPF maps only\n");
+	}
 	struct snap *s = calloc(2, sizeof(*s));
 	if (!s) {
 		rc = -ENOMEM;
@@ -634,8 +615,10 @@ int main(int argc, char **argv)
 	}
 	take(&s[0], conn, &o);
 	if (!s[0].have_bpf && !s[0].have_stats) {
-		fprintf(stderr, "kvtop: no BPF maps in %s and no daemon at %s\n", o.pin_dir,
-			o.socket ? o.socket : "the default socket");
+		fprintf(stderr, "kvtop: no BPF maps in %s (kvd --bpf, or kvtop --attach PID, loads them)\n",
+			o.pin_dir);
+		if (conn_err && (o.once || o.prometheus))
+			tool_connect_explain("kvtop", o.socket, conn_err);
 		rc = -ENOENT;
 		goto out;
 	}
@@ -653,10 +636,9 @@ int main(int argc, char **argv)
 	}
 	dashboard(&s[0], NULL, &o);
 	fflush(stdout);
-	for (unsigned i = 1; !stop; i++) {
-		struct timespec ts = { (time_t)o.interval, (long)((o.interval - (time_t)o.interval) * 1e9) };
-		nanosleep(&ts, NULL);	/* a signal cuts it short */
-		if (stop)
+	for (unsigned i = 1; !tool_interrupted; i++) {
+		tool_sleep_s(o.interval);
+		if (tool_interrupted)
 			break;
 		take(&s[i & 1], conn, &o);
 		dashboard(&s[i & 1], &s[(i - 1) & 1], &o);

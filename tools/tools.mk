@@ -2,8 +2,17 @@
 TOOLS := $(patsubst tools/%.c,%,$(wildcard tools/kv*.c))
 TOOL_BINS := $(TOOLS:%=$(B)/%)
 
+# Each tool links what it uses, not the daemon's $(LDLIBS): no liburing,
+# libsystemd or xxhash, none of the CUDA libraries, no RUNPATH into CUDA.
+# kvctl and kvc_example need nothing beyond libkvclient and libc.
+TOOLS_LDLIBS :=
+$(B)/kvbench: TOOLS_LDLIBS += -lm -pthread
+
 $(B)/kv%: $(B)/tools/kv%.o $(B)/libkvclient.a
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(filter %.a,$^) $(TOOLS_LDLIBS)
+
+# kvc_example shows libkvclient alone; the others share tools/common.c.
+$(B)/kvctl $(B)/kvbench $(B)/kvtop: $(B)/tools/common.o
 
 all: $(TOOL_BINS)
 
@@ -21,5 +30,5 @@ install: all
 
 # kvtop reads the pinned BPF maps and can load the programs itself (--attach).
 $(B)/kvtop: $(BPF_LIB)
-$(B)/kvtop: LDLIBS += $(BPF_LIBS)
+$(B)/kvtop: TOOLS_LDLIBS += -lm $(BPF_LIBS)
 $(B)/tools/kvtop.o: $(B)/bpf/kvd.skel.h

@@ -1,13 +1,21 @@
-/* kvd_maps.h — layout of the BPF maps kvd pins under /sys/fs/bpf/kvd/, shared by bpf/kvd.bpf.c, the loader and kvtop. */
-#ifndef KVD_BPF_MAPS_H
-#define KVD_BPF_MAPS_H
+/* kvd_metrics.h — the BPF maps kvd pins under /sys/fs/bpf/kvd/ (version 1): a second ABI, read by kvtop, bpftool and scripts. */
+#ifndef _UAPI_KVD_METRICS_H
+#define _UAPI_KVD_METRICS_H
 
 /*
  * Fixed-width __u32/__u64 fields only: the same structs are compiled for
  * the BPF target and for the host. Every map carries BTF, so
  * `bpftool map dump pinned /sys/fs/bpf/kvd/<map>` prints these names.
- * New fields go at the end of a struct; readers check value_size.
+ * New fields go at the end of a struct; readers check value_size. The
+ * sizes and offsets are pinned at the end of this file, so the program,
+ * the loader and every reader that includes it fail to build when a field
+ * moves.
  */
+
+/* The BPF side has the kernel's own types from vmlinux.h, which clash with the uapi headers. */
+#ifndef __VMLINUX_H__
+#include <linux/types.h>
+#endif
 
 #define KVD_PIN_DIR	"/sys/fs/bpf/kvd"
 #define KVD_HIST_SLOTS	32		/* log2 slots of microseconds */
@@ -95,5 +103,37 @@ struct kvd_req {
 	__u32 uid;
 	__u32 resv;
 };
+
+/* Layout pins: a field that moves changes what every reader of the pins sees. */
+#ifdef __cplusplus
+#define KVD_METRICS_ASSERT_ static_assert
+#else
+#define KVD_METRICS_ASSERT_ _Static_assert
+#endif
+#define KVD_METRICS_PIN_(type, field, off) \
+	KVD_METRICS_ASSERT_(__builtin_offsetof(type, field) == (off), #type "." #field " moved")
+
+KVD_METRICS_ASSERT_(sizeof(struct kvd_hist_key) == 8, "kvd_hist_key size");
+KVD_METRICS_PIN_(struct kvd_hist_key, kind, 4);
+KVD_METRICS_ASSERT_(sizeof(struct kvd_hist) == 16 + 8 * KVD_HIST_SLOTS, "kvd_hist size");
+KVD_METRICS_PIN_(struct kvd_hist, sum_ns, 8);
+KVD_METRICS_PIN_(struct kvd_hist, slots, 16);
+KVD_METRICS_ASSERT_(sizeof(struct kvd_counters) == 120, "kvd_counters size");
+KVD_METRICS_PIN_(struct kvd_counters, prefill_tokens, 40);
+KVD_METRICS_PIN_(struct kvd_counters, steps, 80);
+KVD_METRICS_PIN_(struct kvd_counters, disconnects, 112);
+KVD_METRICS_ASSERT_(sizeof(struct kvd_uid_stats) == 56, "kvd_uid_stats size");
+KVD_METRICS_PIN_(struct kvd_uid_stats, inflight, 16);
+KVD_METRICS_PIN_(struct kvd_uid_stats, cancels, 48);
+KVD_METRICS_ASSERT_(sizeof(struct kvd_pool) == 32, "kvd_pool size");
+KVD_METRICS_PIN_(struct kvd_pool, updates, 24);
+KVD_METRICS_ASSERT_(sizeof(struct kvd_meta) == 24, "kvd_meta size");
+KVD_METRICS_PIN_(struct kvd_meta, loader_pid, 8);
+KVD_METRICS_PIN_(struct kvd_meta, loaded_ns, 16);
+KVD_METRICS_ASSERT_(sizeof(struct kvd_req) == 24, "kvd_req size");
+KVD_METRICS_PIN_(struct kvd_req, uid, 16);
+
+#undef KVD_METRICS_PIN_
+#undef KVD_METRICS_ASSERT_
 
 #endif
