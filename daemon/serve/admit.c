@@ -16,14 +16,6 @@
 
 /* ---- admission: one SQE, copied out of shared memory, checked, queued ---- */
 
-static struct session *sqe_session(struct conn *c, uint32_t id)
-{
-	if ((id & 0xff) >= SRV_MAX_SESSIONS)
-		return NULL;
-	struct session *s = c->sessions[id & 0xff];
-	return s && s->id == id && !s->closing ? s : NULL;
-}
-
 static int range_ok(uint32_t arena_bytes, uint32_t off, uint64_t bytes, uint32_t align)
 {
 	return off % align == 0 && (uint64_t)off + bytes <= arena_bytes;
@@ -217,7 +209,7 @@ static int admit(struct server *srv, struct conn *c, struct taken *t)
 		return -ESHUTDOWN;
 	if (q->opcode == KVD_OP_NOP)
 		return 1;
-	struct session *s = sqe_session(c, q->session_id);
+	struct session *s = conn_session(c, q->session_id);
 	if (!s || q->slot >= s->n_slots)
 		return -ENOENT;
 	if (q->opcode == KVD_OP_CANCEL) {

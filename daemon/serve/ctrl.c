@@ -233,14 +233,6 @@ static void do_session_open(struct server *srv, struct conn *c, const struct kvd
 	send_reply(c, &r, sizeof(r), fds, first ? 3 : 0);
 }
 
-static struct session *find_session(struct conn *c, uint32_t id)
-{
-	if ((id & 0xff) >= SRV_MAX_SESSIONS)
-		return NULL;
-	struct session *s = c->sessions[id & 0xff];
-	return s && s->id == id && !s->closing ? s : NULL;
-}
-
 static void do_session_close(struct server *srv, struct conn *c, const struct kvd_session_close_req *rq)
 {
 	if (rq->resv) {
@@ -248,7 +240,7 @@ static void do_session_close(struct server *srv, struct conn *c, const struct kv
 		return;
 	}
 	pthread_mutex_lock(&srv->lock);
-	struct session *s = find_session(c, rq->session_id);
+	struct session *s = conn_session(c, rq->session_id);
 	if (s) {
 		/*
 		 * The id is dead from now on; the engine thread ends its requests

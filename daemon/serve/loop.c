@@ -8,7 +8,6 @@
 
 struct loop {
 	struct io_uring ring;
-	struct __kernel_timespec ts;	/* loop_timeout's timespec lives while armed */
 };
 
 int loop_create(struct loop **out, unsigned entries)
@@ -94,9 +93,10 @@ int loop_timeout(struct loop *l, struct loop_op *op, unsigned msec)
 	struct io_uring_sqe *sqe = get_sqe(l, op);
 	if (!sqe)
 		return op->armed ? -EBUSY : -EAGAIN;
-	l->ts.tv_sec = msec / 1000;
-	l->ts.tv_nsec = (long)(msec % 1000) * 1000000L;
-	io_uring_prep_timeout(sqe, &l->ts, 0, 0);
+	/* The kernel reads the timespec when the SQE is submitted: each op keeps its own. */
+	op->ts.tv_sec = msec / 1000;
+	op->ts.tv_nsec = (long long)(msec % 1000) * 1000000LL;
+	io_uring_prep_timeout(sqe, &op->ts, 0, 0);
 	return arm(op, sqe);
 }
 

@@ -2,6 +2,7 @@
 #ifndef KVD_LOOP_H
 #define KVD_LOOP_H
 
+#include <linux/time_types.h>
 #include <stdint.h>
 #include <sys/socket.h>
 
@@ -19,6 +20,7 @@ struct loop_op {
 	loop_cb cb;
 	void *data;
 	int armed;	/* set while the kernel may still complete it */
+	struct __kernel_timespec ts;	/* loop_timeout's, alive while armed */
 };
 
 /* Returns 0 or -errno (-ENOSYS etc. when io_uring is unavailable). */

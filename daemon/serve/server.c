@@ -294,13 +294,79 @@ static void on_reap(struct loop *l, struct loop_op *op, int res, int more)
 		loop_read(l, &srv->reap_op, srv->reap_fd, &srv->reap_val, sizeof(srv->reap_val));
 }
 
+/* ---- systemd: status, watchdog, reload ---- */
+
+static void server_status(struct server *srv)
+{
+	const struct kvpool_config *pc = kvpool_config(srv->pool);
+	struct service_snapshot st = { .model = srv->m->hp.name, .backend = srv->be->ops->name,
+				       .kv_blocks = pc->n_blocks, .kv_block_tokens = pc->block_tokens };
+	pthread_mutex_lock(&srv->lock);
+	st.sessions = srv->n_sessions;
+	st.conns = srv->n_conns;
+	st.stopping = srv->stopping;
+	pthread_mutex_unlock(&srv->lock);
+	service_status(&st);
+}
+
+/*
+ * When systemd asked for a watchdog, it is pinged twice per period from
+ * the event loop. The ping also takes the lock the engine thread holds for
+ * a step, so a wedged loop or a deadlock stops the pings and systemd
+ * restarts kvd.
+ */
+static void on_watchdog(struct loop *l, struct loop_op *op, int res, int more)
+{
+	(void)res;
+	(void)more;
+	struct server *srv = op->data;
+	service_notify("WATCHDOG=1");
+	server_status(srv);
+	if (!op->armed)
+		loop_timeout(l, op, srv->watchdog_ms);
+}
+
+static void watchdog_start(struct server *srv)
+{
+	uint64_t usec = service_watchdog_usec();
+	if (!usec)
+		return;
+	/* Twice per period, as sd_watchdog_enabled(3) advises. */
+	srv->watchdog_ms = (unsigned)(usec / 2000 ? usec / 2000 : 1);
+	srv->watchdog_op = (struct loop_op){ .cb = on_watchdog, .data = srv };
+	int rc = loop_timeout(srv->loop, &srv->watchdog_op, srv->watchdog_ms);
+	if (rc)
+		log_msg(LOG_ERR, "watchdog timer: %s", strerror(-rc));
+	else
+		log_msg(LOG_INFO, "watchdog: a ping every %u ms", srv->watchdog_ms);
+}
+
+static void reload(struct server *srv)
+{
+	if (!srv->cfg.reload) {
+		log_msg(LOG_NOTICE, "SIGHUP: nothing to reload");
+		return;
+	}
+	service_notify("RELOADING=1\nSTATUS=reloading the configuration");
+	/* Only the loop thread writes cfg, so it may read it without the lock. */
+	struct server_config live = srv->cfg;
+	srv->cfg.reload(srv->cfg.reload_arg, &live);
+	pthread_mutex_lock(&srv->lock);
+	srv->cfg = live;
+	/* A raised limit or quota may let waiting work run. */
+	pthread_cond_signal(&srv->work);
+	pthread_mutex_unlock(&srv->lock);
+	service_notify("READY=1");
+	server_status(srv);
+}
+
 static void on_signal(struct loop *l, struct loop_op *op, int res, int more)
 {
 	(void)more;
 	struct server *srv = op->data;
 	const struct signalfd_siginfo *si = (const void *)srv->sigbuf;
 	if (res == (int)sizeof(struct signalfd_siginfo) && si->ssi_signo == SIGHUP) {
-		service_reload(srv);
+		reload(srv);
 	} else if (res == (int)sizeof(struct signalfd_siginfo)) {
 		log_msg(LOG_NOTICE, "%s: draining (at most %u ms)",
 			si->ssi_signo == SIGINT ? "SIGINT" : "SIGTERM", srv->cfg.drain_timeout_ms);
@@ -403,10 +469,10 @@ int server_run(struct server *srv)
 		return -rc;
 	log_msg(LOG_NOTICE, "listening on %s%s", srv->socket_name,
 		srv->activated ? " (socket from systemd)" : "");
-	service_watchdog_start(srv);
+	watchdog_start(srv);
 	/* The model is loaded, the pool reserved, the socket listening: ready. */
 	service_notify("READY=1");
-	service_status(srv);
+	server_status(srv);
 	for (;;) {
 		rc = loop_run_once(srv->loop, 1);
 		if (rc < 0) {

@@ -99,6 +99,15 @@ struct server {
 	uint32_t n_uids;
 };
 
+/* c's open session of that id, or NULL (closing sessions are gone for their clients). */
+static inline struct session *conn_session(struct conn *c, uint32_t id)
+{
+	if ((id & 0xff) >= SRV_MAX_SESSIONS)
+		return NULL;
+	struct session *s = c->sessions[id & 0xff];
+	return s && s->id == id && !s->closing ? s : NULL;
+}
+
 /*
  * The one walk over conn -> session -> slot: every slot of every open
  * session of the connections that have not hung up, from first on (only

@@ -12,9 +12,7 @@
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 #include "daemon/log.h"
-#include "daemon/model/model.h"
-#include "kernels/backend.h"
-#include "daemon/serve/server.h"
+#include "daemon/serve/server_config.h"
 #include "daemon/serve/service.h"
 
 /* A socket bound by kvd itself, when systemd did not pass one. */
@@ -110,60 +108,10 @@ uint64_t service_watchdog_usec(void)
 	return sd_watchdog_enabled(0, &usec) > 0 ? usec : 0;
 }
 
-void service_status(struct server *srv)
+void service_status(const struct service_snapshot *st)
 {
-	const struct kvpool_config *pc = kvpool_config(srv->pool);
-	pthread_mutex_lock(&srv->lock);
-	uint32_t sessions = srv->n_sessions, conns = srv->n_conns;
-	int stopping = srv->stopping;
-	pthread_mutex_unlock(&srv->lock);
 	service_notify("STATUS=%s: model %s, %s backend, KV pool %u blocks of %u tokens, "
-		       "%u sessions on %u connections", stopping ? "draining" : "serving",
-		       srv->m->hp.name, srv->be->ops->name, pc->n_blocks, pc->block_tokens,
-		       sessions, conns);
-}
-
-static void on_watchdog(struct loop *l, struct loop_op *op, int res, int more)
-{
-	(void)res;
-	(void)more;
-	struct server *srv = op->data;
-	service_notify("WATCHDOG=1");
-	service_status(srv);
-	if (!op->armed)
-		loop_timeout(l, op, srv->watchdog_ms);
-}
-
-void service_watchdog_start(struct server *srv)
-{
-	uint64_t usec = service_watchdog_usec();
-	if (!usec)
-		return;
-	/* Twice per period, as sd_watchdog_enabled(3) advises. */
-	srv->watchdog_ms = (unsigned)(usec / 2000 ? usec / 2000 : 1);
-	srv->watchdog_op = (struct loop_op){ .cb = on_watchdog, .data = srv };
-	int rc = loop_timeout(srv->loop, &srv->watchdog_op, srv->watchdog_ms);
-	if (rc)
-		log_msg(LOG_ERR, "watchdog timer: %s", strerror(-rc));
-	else
-		log_msg(LOG_INFO, "watchdog: a ping every %u ms", srv->watchdog_ms);
-}
-
-void service_reload(struct server *srv)
-{
-	if (!srv->cfg.reload) {
-		log_msg(LOG_NOTICE, "SIGHUP: nothing to reload");
-		return;
-	}
-	service_notify("RELOADING=1\nSTATUS=reloading the configuration");
-	/* Only the loop thread writes cfg, so it may read it without the lock. */
-	struct server_config live = srv->cfg;
-	srv->cfg.reload(srv->cfg.reload_arg, &live);
-	pthread_mutex_lock(&srv->lock);
-	srv->cfg = live;
-	/* A raised limit or quota may let waiting work run. */
-	pthread_cond_signal(&srv->work);
-	pthread_mutex_unlock(&srv->lock);
-	service_notify("READY=1");
-	service_status(srv);
+		       "%u sessions on %u connections", st->stopping ? "draining" : "serving",
+		       st->model, st->backend, st->kv_blocks, st->kv_block_tokens, st->sessions,
+		       st->conns);
 }

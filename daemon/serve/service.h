@@ -5,7 +5,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-struct server;
 struct server_config;
 
 /*
@@ -24,18 +23,18 @@ void service_notify(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* The watchdog period systemd wants pings within (WATCHDOG_USEC), 0 when off. */
 uint64_t service_watchdog_usec(void);
 
+/* What STATUS= reports, copied out by the caller under whatever lock guards it. */
+struct service_snapshot {
+	const char *model;
+	const char *backend;
+	uint32_t kv_blocks;
+	uint32_t kv_block_tokens;
+	uint32_t sessions;
+	uint32_t conns;
+	int stopping;
+};
+
 /* STATUS= for systemctl status: model, backend, pool, sessions and connections. */
-void service_status(struct server *srv);
-
-/*
- * When systemd asked for a watchdog: ping it twice per period from the
- * event loop. The ping also takes the lock the engine thread holds for a
- * step, so a wedged loop or a deadlock stops the pings and systemd
- * restarts kvd.
- */
-void service_watchdog_start(struct server *srv);
-
-/* SIGHUP: RELOADING=1, the reload hook, the new live limits installed, READY=1. */
-void service_reload(struct server *srv);
+void service_status(const struct service_snapshot *st);
 
 #endif
