@@ -19,9 +19,17 @@
 #include "daemon/serve/server.h"
 #include "daemon/tokenizer/tokenizer.h"
 
+/* One step's rows: n in all, n_logits of them want logits, n_decode are decodes. */
+struct batch {
+	uint32_t n;
+	uint32_t n_logits;
+	uint32_t n_decode;
+};
+
 /* The engine thread's scratch, private to this file. */
 struct sched {
 	struct server *srv;
+	struct batch b;			/* the step planned */
 	struct engine_row *rows;	/* (max_batch_rows,) */
 	struct request **row_req;	/* (max_batch_rows,) the request each row serves */
 	struct cand *cands;		/* (cand_cap,) runnable requests of this step */
@@ -129,12 +137,6 @@ static int start(struct server *srv, struct request *r)
 	r->phase = REQ_PREFILL;
 	return 0;
 }
-
-struct batch {
-	uint32_t n;
-	uint32_t n_logits;
-	uint32_t n_decode;
-};
 
 /* A runnable request of this step. */
 struct cand {
@@ -647,43 +649,90 @@ static void run_step(struct sched *sc, struct batch *b)
 	finish_step(sc, b, rc);
 }
 
+int sched_create(struct sched **out, struct server *srv)
+{
+	struct sched *sc = calloc(1, sizeof(*sc));
+	if (!sc)
+		return -ENOMEM;
+	sc->srv = srv;
+	sc->rows = calloc(srv->cfg.max_batch_rows, sizeof(*sc->rows));
+	sc->row_req = calloc(srv->cfg.max_batch_rows, sizeof(*sc->row_req));
+	if (!sc->rows || !sc->row_req) {
+		sched_destroy(sc);
+		return -ENOMEM;
+	}
+	*out = sc;
+	return 0;
+}
+
+void sched_destroy(struct sched *sc)
+{
+	if (!sc)
+		return;
+	free(sc->logits);
+	free(sc->toks);
+	free(sc->rows);
+	free(sc->row_req);
+	free(sc->cands);
+	free(sc);
+}
+
+uint32_t sched_plan(struct sched *sc)
+{
+	housekeeping(sc->srv);
+	sc->b = (struct batch){ 0, 0, 0 };
+	build(sc, &sc->b);
+	return sc->b.n;
+}
+
+uint32_t sched_rows(const struct sched *sc, const struct engine_row **rows, struct request *const **reqs)
+{
+	if (rows)
+		*rows = sc->rows;
+	if (reqs)
+		*reqs = sc->row_req;
+	return sc->b.n;
+}
+
+void sched_run(struct sched *sc)
+{
+	if (sc->b.n)
+		run_step(sc, &sc->b);
+	sc->b = (struct batch){ 0, 0, 0 };
+}
+
 void *sched_thread(void *arg)
 {
-	struct sched sc = { .srv = arg };
-	struct server *srv = sc.srv;
-	sc.rows = calloc(srv->cfg.max_batch_rows, sizeof(*sc.rows));
-	sc.row_req = calloc(srv->cfg.max_batch_rows, sizeof(*sc.row_req));
-	int ready = sc.rows && sc.row_req;
+	struct server *srv = arg;
+	struct sched *sc = NULL;
+	int rc = sched_create(&sc, srv);
 	pthread_mutex_lock(&srv->lock);
 	kvpool_get_stats(srv->pool, &srv->pool_stats);	/* admission reads the pool's size */
-	if (!ready) {
+	if (rc) {
 		log_msg(LOG_ERR, "engine thread: out of memory");
 		srv->stopping = 1;
 	}
 	for (;;) {
-		housekeeping(srv);
-		struct batch b = { 0, 0, 0 };
-		if (ready)
-			build(&sc, &b);
+		uint32_t n = 0;
+		if (sc)
+			n = sched_plan(sc);
+		else
+			housekeeping(srv);
 		wake_clients(srv);
 		kvpool_get_stats(srv->pool, &srv->pool_stats);
-		if (srv->stopping && (!any_work(srv) || now_ns() >= srv->drain_deadline_ns || !ready)) {
+		if (srv->stopping && (!any_work(srv) || now_ns() >= srv->drain_deadline_ns || !sc)) {
 			cancel_everything(srv);
 			wake_clients(srv);
 			break;
 		}
-		if (b.n == 0)
+		if (n == 0)
 			idle_wait(srv);
 		else
-			run_step(&sc, &b);
+			sched_run(sc);
 	}
 	srv->engine_exited = 1;
 	pthread_mutex_unlock(&srv->lock);
 	server_kick_reaper(srv);
-	free(sc.logits);
-	free(sc.toks);
-	free(sc.rows);
-	free(sc.row_req);
-	free(sc.cands);
+	sched_destroy(sc);
 	return NULL;
 }
