@@ -740,6 +740,32 @@ static int setup(struct bench *b)
 	return tool_interrupted ? TOOL_EXIT_RUNTIME : 0;
 }
 
+/* The results as a table or JSON, then --csv and --plot: 0 or the exit status. */
+static int report(struct bench *b, const struct results *r)
+{
+	const struct opts *o = &b->o;
+	int err, rc;
+	if (o->json)
+		print_json(b, r);
+	else
+		print_table(b, r);
+	rc = fflush(stdout) ? TOOL_EXIT_RUNTIME : 0;
+	if (o->csv && (err = write_csv(b, o->csv))) {
+		fprintf(stderr, "kvbench: --csv %s: %s\n", o->csv, strerror(-err));
+		rc = TOOL_EXIT_RUNTIME;
+	}
+	if (o->plot && (err = write_plot(b, r, o->plot))) {
+		fprintf(stderr, "kvbench: --plot %s: %s\n", o->plot, err == -ENOENT ?
+			"gnuplot not found" : err == -EIO ? "gnuplot failed" : strerror(-err));
+		rc = TOOL_EXIT_RUNTIME;
+	}
+	if (!r->done) {
+		fprintf(stderr, "kvbench: no request completed\n");
+		rc = TOOL_EXIT_RUNTIME;
+	}
+	return rc;
+}
+
 int main(int argc, char **argv)
 {
 	static struct bench b;
@@ -798,24 +824,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "kvbench: %s\n", strerror(-err));
 		goto out;
 	}
-	if (o->json)
-		print_json(&b, &r);
-	else
-		print_table(&b, &r);
-	rc = fflush(stdout) ? TOOL_EXIT_RUNTIME : 0;
-	if (o->csv && (err = write_csv(&b, o->csv))) {
-		fprintf(stderr, "kvbench: --csv %s: %s\n", o->csv, strerror(-err));
-		rc = TOOL_EXIT_RUNTIME;
-	}
-	if (o->plot && (err = write_plot(&b, &r, o->plot))) {
-		fprintf(stderr, "kvbench: --plot %s: %s\n", o->plot, err == -ENOENT ?
-			"gnuplot not found" : err == -EIO ? "gnuplot failed" : strerror(-err));
-		rc = TOOL_EXIT_RUNTIME;
-	}
-	if (!r.done) {
-		fprintf(stderr, "kvbench: no request completed\n");
-		rc = TOOL_EXIT_RUNTIME;
-	}
+	rc = report(&b, &r);
 out:
 	for (uint32_t i = 0; b.cl && i < o->clients; i++) {
 		kvc_close(b.cl[i].c);

@@ -245,6 +245,44 @@ static const char *stop_name(uint32_t flags)
 }
 
 /*
+ * One CQE of a streaming turn: print the tokens it brings (out: the output
+ * buffer in the arena, *printed: how many are out already). Returns 1 when
+ * the turn is over (t filled in), 0 while it goes on.
+ */
+static int turn_cqe(const struct kvd_cqe *cqe, const uint32_t *out, uint32_t *printed,
+		    struct printer *pr, const struct opts *o, struct turn *t)
+{
+	if (cqe->res < 0) {
+		t->res = cqe->res;
+		t->t_end = tool_now_s();
+		return 1;
+	}
+	int more = cqe->flags & KVD_CQE_MORE;
+	uint32_t upto = more ? cqe->n_out : (uint32_t)cqe->res;
+	if (upto > o->max_tokens) {
+		fprintf(stderr, "kvctl: protocol: CQE says %u tokens, asked for %u\n", upto,
+			o->max_tokens);
+		upto = o->max_tokens;
+	}
+	if (more && upto && cqe->token != out[upto - 1] && !pr->warned++)
+		fprintf(stderr, "kvctl: protocol: CQE token %u but arena[%u] = %u\n", cqe->token,
+			upto - 1, out[upto - 1]);
+	if (upto > *printed && !t->t_first)
+		t->t_first = tool_now_s();
+	for (; *printed < upto; (*printed)++)
+		print_token(pr, out[*printed]);
+	if (!more) {
+		t->res = cqe->res;
+		t->n = upto;
+		t->flags = cqe->flags;
+		t->t_end = tool_now_s();
+		return 1;
+	}
+	t->t_last = tool_now_s();
+	return 0;
+}
+
+/*
  * Put text in the arena, submit one GENERATE (flags | STREAM) as user_data
  * ud and print its tokens as they come; a SIGINT sends CANCEL (as ud + 1).
  * The request's own failure lands in t->res; returns 0 or -errno when the
@@ -299,35 +337,9 @@ static int run_turn(struct kvc_conn *c, uint32_t session, uint64_t ud, const cha
 		if (err)
 			return err;
 		do {
-			if (cqe.user_data != ud)
-				continue;	/* our CANCEL's, or an earlier turn's */
-			if (cqe.res < 0) {
-				t->res = cqe.res;
-				t->t_end = tool_now_s();
+			/* Others are our CANCEL's, or an earlier turn's. */
+			if (cqe.user_data == ud && turn_cqe(&cqe, out, &printed, &pr, o, t))
 				goto done;
-			}
-			int more = cqe.flags & KVD_CQE_MORE;
-			uint32_t upto = more ? cqe.n_out : (uint32_t)cqe.res;
-			if (upto > o->max_tokens) {
-				fprintf(stderr, "kvctl: protocol: CQE says %u tokens, asked for %u\n",
-					upto, o->max_tokens);
-				upto = o->max_tokens;
-			}
-			if (more && upto && cqe.token != out[upto - 1] && !pr.warned++)
-				fprintf(stderr, "kvctl: protocol: CQE token %u but arena[%u] = %u\n",
-					cqe.token, upto - 1, out[upto - 1]);
-			if (upto > printed && !t->t_first)
-				t->t_first = tool_now_s();
-			for (; printed < upto; printed++)
-				print_token(&pr, out[printed]);
-			if (!more) {
-				t->res = cqe.res;
-				t->n = upto;
-				t->flags = cqe.flags;
-				t->t_end = tool_now_s();
-				goto done;
-			}
-			t->t_last = tool_now_s();
 		} while (kvc_peek(c, &cqe) == 0);
 		fflush(stdout);
 	}
@@ -375,6 +387,58 @@ static char *read_all(FILE *f, size_t *len)
 	return buf;
 }
 
+/* Connect to a daemon that takes text prompts and open a session; NULL after saying why. */
+static struct kvc_conn *open_text_session(const struct opts *o, uint32_t *session)
+{
+	struct kvc_conn *c = connect_or_complain(o->socket);
+	if (!c)
+		return NULL;
+	if (!(kvc_info(c)->features & KVD_FEAT_TEXT)) {
+		fprintf(stderr, "kvctl: the daemon does not take text prompts\n");
+		kvc_close(c);
+		return NULL;
+	}
+	int err = kvc_session_open(c, session);
+	if (err) {
+		fprintf(stderr, "kvctl: cannot open a session: %s\n", strerror(-err));
+		kvc_close(c);
+		return NULL;
+	}
+	return c;
+}
+
+/* generate --json: the turn's text, its token ids, why it stopped and its speed. */
+static int print_turn_json(struct kvc_conn *c, const struct turn *t, double rate)
+{
+	const uint32_t *ids = (const uint32_t *)(kvc_arena(c, NULL) + t->out_off);
+	size_t cap = 0;
+	for (uint32_t i = 0; i < t->n; i++) {
+		uint32_t k = 0;
+		cap += kvc_token_bytes(c, ids[i], &k) ? k : 0;
+	}
+	char *text = malloc(cap + 1), *p = text;
+	if (!text) {
+		fprintf(stderr, "kvctl: out of memory\n");
+		return -ENOMEM;
+	}
+	for (uint32_t i = 0; i < t->n; i++) {
+		uint32_t k;
+		const char *s = kvc_token_bytes(c, ids[i], &k);
+		if (s) {
+			memcpy(p, s, k);
+			p += k;
+		}
+	}
+	fputs("{\"text\":", stdout);
+	tool_json_string(stdout, text, (size_t)(p - text));
+	fputs(",\"tokens\":[", stdout);
+	for (uint32_t i = 0; i < t->n; i++)
+		printf("%s%" PRIu32, i ? "," : "", ids[i]);
+	printf("],\"stop\":\"%s\",\"tokens_per_second\":%.2f}\n", stop_name(t->flags), rate);
+	free(text);
+	return 0;
+}
+
 static int cmd_generate(int argc, char **argv)
 {
 	struct opts o = { .socket = global_socket, .max_tokens = 128 };
@@ -398,23 +462,14 @@ static int cmd_generate(int argc, char **argv)
 	}
 
 	rc = TOOL_EXIT_RUNTIME;
-	struct kvc_conn *c = connect_or_complain(o.socket);
+	uint32_t session;
+	struct kvc_conn *c = open_text_session(&o, &session);
 	if (!c)
 		goto out_free;
-	if (!(kvc_info(c)->features & KVD_FEAT_TEXT)) {
-		fprintf(stderr, "kvctl: the daemon does not take text prompts\n");
-		goto out_close;
-	}
-	uint32_t session;
-	int err = kvc_session_open(c, &session);
-	if (err) {
-		fprintf(stderr, "kvctl: cannot open a session: %s\n", strerror(-err));
-		goto out_close;
-	}
 
 	struct turn t;
 	catch_sigint();
-	err = run_turn(c, session, 1, prompt, len, KVD_SQE_TEXT, &o, &t);
+	int err = run_turn(c, session, 1, prompt, len, KVD_SQE_TEXT, &o, &t);
 	if (err) {
 		fprintf(stderr, "\nkvctl: %s\n", tool_conn_error(err));
 		goto out_close;
@@ -425,32 +480,8 @@ static int cmd_generate(int argc, char **argv)
 	}
 	double rate = turn_rate(&t);
 	if (o.json) {
-		const uint32_t *ids = (const uint32_t *)(kvc_arena(c, NULL) + t.out_off);
-		size_t cap = 0;
-		for (uint32_t i = 0; i < t.n; i++) {
-			uint32_t k = 0;
-			cap += kvc_token_bytes(c, ids[i], &k) ? k : 0;
-		}
-		char *text = malloc(cap + 1), *p = text;
-		if (!text) {
-			fprintf(stderr, "kvctl: out of memory\n");
+		if (print_turn_json(c, &t, rate))
 			goto out_close;
-		}
-		for (uint32_t i = 0; i < t.n; i++) {
-			uint32_t k;
-			const char *s = kvc_token_bytes(c, ids[i], &k);
-			if (s) {
-				memcpy(p, s, k);
-				p += k;
-			}
-		}
-		fputs("{\"text\":", stdout);
-		tool_json_string(stdout, text, (size_t)(p - text));
-		fputs(",\"tokens\":[", stdout);
-		for (uint32_t i = 0; i < t.n; i++)
-			printf("%s%" PRIu32, i ? "," : "", ids[i]);
-		printf("],\"stop\":\"%s\",\"tokens_per_second\":%.2f}\n", stop_name(t.flags), rate);
-		free(text);
 	} else {
 		putchar('\n');
 		fprintf(stderr, "kvctl: %u tokens in %.2f s, %.1f tok/s, first token %.0f ms, stop: %s\n",
@@ -483,6 +514,19 @@ static int wait_for(struct kvc_conn *c, uint64_t ud)
 	}
 }
 
+/* /reset: forget the conversation the slot holds; 0, or -errno after saying why. */
+static int reset_slot(struct kvc_conn *c, uint32_t session, uint64_t ud)
+{
+	struct kvd_sqe sqe;
+	kvc_prep_reset(&sqe, session, SLOT, ud);
+	int err = kvc_submit(c, &sqe);
+	if (!err)
+		err = wait_for(c, ud);
+	if (err < 0 && err != -ECONNRESET && err != -EPIPE)
+		fprintf(stderr, "kvctl: reset failed: %s\n", strerror(-err));
+	return err < 0 ? err : 0;
+}
+
 static int cmd_chat(int argc, char **argv)
 {
 	struct opts o = { .socket = global_socket, .max_tokens = 256 };
@@ -493,20 +537,12 @@ static int cmd_chat(int argc, char **argv)
 		usage_chat(stderr);
 		return TOOL_EXIT_USAGE;
 	}
-	struct kvc_conn *c = connect_or_complain(o.socket);
+	uint32_t session;
+	struct kvc_conn *c = open_text_session(&o, &session);
 	if (!c)
 		return TOOL_EXIT_RUNTIME;
 	rc = TOOL_EXIT_RUNTIME;
-	if (!(kvc_info(c)->features & KVD_FEAT_TEXT)) {
-		fprintf(stderr, "kvctl: the daemon does not take text prompts\n");
-		goto out;
-	}
-	uint32_t session;
-	int err = kvc_session_open(c, &session);
-	if (err) {
-		fprintf(stderr, "kvctl: cannot open a session: %s\n", strerror(-err));
-		goto out;
-	}
+	int err;
 
 	catch_sigint();
 	const int tty = isatty(STDIN_FILENO);
@@ -532,17 +568,11 @@ static int cmd_chat(int argc, char **argv)
 			continue;
 		ud += 2;
 		if (!strcmp(line, "/reset")) {
-			struct kvd_sqe sqe;
-			kvc_prep_reset(&sqe, session, SLOT, ud);
-			err = kvc_submit(c, &sqe);
-			if (!err)
-				err = wait_for(c, ud);
+			err = reset_slot(c, session, ud);
 			if (err == -ECONNRESET || err == -EPIPE)
 				goto conn_lost;
-			if (err < 0) {
-				fprintf(stderr, "kvctl: reset failed: %s\n", strerror(-err));
+			if (err < 0)
 				continue;
-			}
 			history = 0;
 			if (tty)
 				fprintf(stderr, "(history cleared)\n");
@@ -571,7 +601,6 @@ conn_lost:
 	fprintf(stderr, "\nkvctl: %s\n", tool_conn_error(err));
 out_line:
 	free(line);
-out:
 	kvc_close(c);
 	return rc;
 }
