@@ -18,7 +18,8 @@
 
 #define MAX_LINKS 32
 
-const char *const kvd_bpf_pinned_maps[] = { "counters", "pool", "hists", "uids", "meta", NULL };
+/* The maps pinned, NULL-terminated. */
+static const char *const kvd_bpf_pinned_maps[] = { "counters", "pool", "hists", "uids", "meta", NULL };
 
 struct kvd_bpf {
 	struct kvd_skel *skel;	/* the generated skeleton: maps and programs */

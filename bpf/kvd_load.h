@@ -41,7 +41,4 @@ void kvd_bpf_unload(struct kvd_bpf *b);
  */
 int kvd_bpf_run_stats(const struct kvd_bpf *b, unsigned long long *ns, unsigned long long *runs);
 
-/* Names of the pinned maps, NULL-terminated. */
-extern const char *const kvd_bpf_pinned_maps[];
-
 #endif

@@ -6,12 +6,6 @@
 #include "daemon/log.h"
 #include "daemon/serve/obs.h"
 
-int obs_mode_valid(const char *mode)
-{
-	enum kvd_bpf_mode m;
-	return kvd_bpf_mode_parse(mode, &m) == 0;
-}
-
 int obs_start(const char *mode, struct kvd_bpf **out)
 {
 	enum kvd_bpf_mode m = KVD_BPF_AUTO;

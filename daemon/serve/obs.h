@@ -4,9 +4,6 @@
 
 struct kvd_bpf;
 
-/* 1 if mode is auto, on or off. */
-int obs_mode_valid(const char *mode);
-
 /*
  * mode "auto" (NULL too): load when the process holds the capabilities, a
  * failure is logged; "on": a failure is returned as -errno; "off": nothing.

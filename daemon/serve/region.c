@@ -126,11 +126,6 @@ int region_sq_ready(const struct region *rg)
 
 /* ---- the arena ---- */
 
-int region_range_ok(const struct region *rg, uint32_t off, uint64_t bytes, uint32_t align)
-{
-	return off % align == 0 && (uint64_t)off + bytes <= rg->arena_bytes;
-}
-
 void region_read(const struct region *rg, uint32_t off, void *dst, size_t n)
 {
 	memcpy(dst, rg->arena + off, n);

@@ -73,9 +73,7 @@ void region_sq_done(struct region *rg);
 /* SQEs waiting in the SQ. */
 int region_sq_ready(const struct region *rg);
 
-/* Whether [off, off + bytes) lies inside the arena and off is a multiple of align. */
-int region_range_ok(const struct region *rg, uint32_t off, uint64_t bytes, uint32_t align);
-/* Copy n bytes at arena offset off (checked by region_range_ok) out of shared memory. */
+/* Copy n bytes at arena offset off (checked by validate_sqe()) out of shared memory. */
 void region_read(const struct region *rg, uint32_t off, void *dst, size_t n);
 /* Write token tok as the i-th __u32 of the output buffer at arena offset off. */
 void region_put_token(struct region *rg, uint32_t off, uint32_t i, uint32_t tok);
