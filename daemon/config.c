@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <grp.h>
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -113,14 +112,6 @@ static int find_opt(const char *name, size_t len)
 		if (strlen(table[i].name) == len && !memcmp(table[i].name, name, len))
 			return (int)i;
 	return -1;
-}
-
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
 }
 
 /* What a value of t looks like, for error messages. */
@@ -349,7 +340,7 @@ static int set_owned(struct kvd_options *o, int i, const char *s, size_t len, ch
 	char desc[160];
 	if (parse_value(o, &table[i], copy)) {
 		describe(&table[i], desc, sizeof(desc));
-		seterr(err, errlen, "%s: bad value '%s' for %s: expected %s", where, copy,
+		log_errf(err, errlen, 0, "%s: bad value '%s' for %s: expected %s", where, copy,
 		       table[i].name, desc);
 		free(copy);
 		return -EINVAL;
@@ -382,11 +373,11 @@ int config_parse_text(struct kvd_options *o, const char *name, const char *text,
 		lineno++;
 		snprintf(where, sizeof(where), "%s:%u", name, lineno);
 		if (n > MAX_LINE) {
-			seterr(err, errlen, "%s: line longer than %d bytes", where, MAX_LINE);
+			log_errf(err, errlen, 0, "%s: line longer than %d bytes", where, MAX_LINE);
 			return -EINVAL;
 		}
 		if (memchr(line, '\0', n)) {
-			seterr(err, errlen, "%s: NUL byte in the line", where);
+			log_errf(err, errlen, 0, "%s: NUL byte in the line", where);
 			return -EINVAL;
 		}
 		while (n && is_space(*line))
@@ -397,7 +388,7 @@ int config_parse_text(struct kvd_options *o, const char *name, const char *text,
 			continue;
 		const char *eq = memchr(line, '=', n);
 		if (!eq) {
-			seterr(err, errlen, "%s: expected 'key = value', got '%.*s'", where,
+			log_errf(err, errlen, 0, "%s: expected 'key = value', got '%.*s'", where,
 			       (int)(n > 60 ? 60 : n), line);
 			return -EINVAL;
 		}
@@ -409,21 +400,21 @@ int config_parse_text(struct kvd_options *o, const char *name, const char *text,
 		while (vl && is_space(*val))
 			val++, vl--;
 		if (!kl) {
-			seterr(err, errlen, "%s: a key is missing before '='", where);
+			log_errf(err, errlen, 0, "%s: a key is missing before '='", where);
 			return -EINVAL;
 		}
 		int i = find_opt(line, kl);
 		if (i < 0) {
-			seterr(err, errlen, "%s: unknown key '%.*s'", where, (int)(kl > 60 ? 60 : kl), line);
+			log_errf(err, errlen, 0, "%s: unknown key '%.*s'", where, (int)(kl > 60 ? 60 : kl), line);
 			return -EINVAL;
 		}
 		if (table[i].flags & F_CLI) {
-			seterr(err, errlen, "%s: %s can only be given on the command line", where,
+			log_errf(err, errlen, 0, "%s: %s can only be given on the command line", where,
 			       table[i].name);
 			return -EINVAL;
 		}
 		if (o->origin[i].src == CONFIG_SRC_FILE) {
-			seterr(err, errlen, "%s: %s is already set on line %u", where, table[i].name,
+			log_errf(err, errlen, 0, "%s: %s is already set on line %u", where, table[i].name,
 			       o->origin[i].line);
 			return -EINVAL;
 		}
@@ -443,7 +434,7 @@ static int parse_file(struct kvd_options *o, const char *path, int must_exist, c
 		if (errno == ENOENT && !must_exist)
 			return 0;
 		int rc = -errno;
-		seterr(err, errlen, "cannot read %s: %s", path, strerror(-rc));
+		log_errf(err, errlen, 0, "cannot read %s: %s", path, strerror(-rc));
 		return rc;
 	}
 	char *buf = malloc(MAX_FILE + 1);
@@ -456,10 +447,10 @@ static int parse_file(struct kvd_options *o, const char *path, int must_exist, c
 		rc = -ENOMEM;
 	else if (r < 0) {
 		rc = -errno;
-		seterr(err, errlen, "cannot read %s: %s", path, strerror(-rc));
+		log_errf(err, errlen, 0, "cannot read %s: %s", path, strerror(-rc));
 	} else if (len > MAX_FILE) {
 		rc = -EFBIG;
-		seterr(err, errlen, "%s: larger than %d bytes", path, MAX_FILE);
+		log_errf(err, errlen, 0, "%s: larger than %d bytes", path, MAX_FILE);
 	}
 	close(fd);
 	if (!rc) {
@@ -501,13 +492,13 @@ static int parse_args(struct kvd_options *o, int argc, char **argv, int pre, cha
 				continue;
 			const char *arg = argv[optind - 1];
 			if (c == ':')
-				seterr(err, errlen, "option %s needs a value", arg);
+				log_errf(err, errlen, 0, "option %s needs a value", arg);
 			else if (optopt >= 256)
-				seterr(err, errlen, "option --%s takes no value", table[optopt - 256].name);
+				log_errf(err, errlen, 0, "option --%s takes no value", table[optopt - 256].name);
 			else if (optopt && optopt < 256 && strncmp(arg, "--", 2))
-				seterr(err, errlen, "unknown option '-%c'", optopt);
+				log_errf(err, errlen, 0, "unknown option '-%c'", optopt);
 			else
-				seterr(err, errlen, "unknown option '%s'", arg);
+				log_errf(err, errlen, 0, "unknown option '%s'", arg);
 			return -EINVAL;
 		}
 		int i = -1;
@@ -527,7 +518,7 @@ static int parse_args(struct kvd_options *o, int argc, char **argv, int pre, cha
 			if (pre)
 				continue;
 			describe(&table[i], desc, sizeof(desc));
-			seterr(err, errlen, "bad value '%s' for --%s: expected %s", val, table[i].name, desc);
+			log_errf(err, errlen, 0, "bad value '%s' for --%s: expected %s", val, table[i].name, desc);
 			return -EINVAL;
 		}
 		if (table[i].type == CT_STR) {
@@ -537,7 +528,7 @@ static int parse_args(struct kvd_options *o, int argc, char **argv, int pre, cha
 		o->origin[i] = (struct config_origin){ CONFIG_SRC_CMDLINE, 0 };
 	}
 	if (!pre && optind < argc) {
-		seterr(err, errlen, "unexpected argument '%s'", argv[optind]);
+		log_errf(err, errlen, 0, "unexpected argument '%s'", argv[optind]);
 		return -EINVAL;
 	}
 	return 0;
@@ -549,14 +540,14 @@ static int finish(struct kvd_options *o, char *err, size_t errlen)
 	if (o->socket_group) {
 		struct group *g = getgrnam(o->socket_group);
 		if (!g) {
-			seterr(err, errlen, "socket-group: unknown group '%s'", o->socket_group);
+			log_errf(err, errlen, 0, "socket-group: unknown group '%s'", o->socket_group);
 			return -EINVAL;
 		}
 		o->srv.socket_gid = g->gr_gid;
 	}
 #ifndef KVD_HAVE_CUDA
 	if (o->backend == CONFIG_BACKEND_CUDA) {
-		seterr(err, errlen, "backend = cuda: this kvd was built without the CUDA backend "
+		log_errf(err, errlen, 0, "backend = cuda: this kvd was built without the CUDA backend "
 		       "(build with CUDA=1 where nvcc is installed), use auto or cpu");
 		return -EINVAL;
 	}

@@ -3,7 +3,6 @@
 
 #include <errno.h>
 #include <limits.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +11,7 @@
 /* For XXH3_state_t on the stack: the header and library come from one package. */
 #define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
+#include "daemon/log.h"
 #include "daemon/probes.h"
 
 #include "kernels/backend.h"
@@ -737,18 +737,8 @@ void kvpool_get_stats(const struct kvpool *p, struct kvpool_stats *out)
 
 /* ---- invariants ---- */
 
-__attribute__((format(printf, 3, 4)))
-static int bad(char *err, size_t len, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (err && len) {
-		va_start(ap, fmt);
-		vsnprintf(err, len, fmt, ap);
-		va_end(ap);
-	}
-	return -EUCLEAN;
-}
+/* A broken invariant: -EUCLEAN with what broke in err. */
+#define bad(err, len, ...) log_errf((err), (len), -EUCLEAN, __VA_ARGS__)
 
 /* Walk one list: well linked, each block once, in the right state. mark[] records the list. */
 static int check_list(const struct kvpool *p, const struct blist *l, uint8_t want_reg,
