@@ -18,68 +18,6 @@
 #include "daemon/tokenizer/tokenizer.h"
 #include "kernels/backend.h"
 
-static void usage(FILE *f)
-{
-	fprintf(f,
-		"usage: kvd [--model PATH] [daemon options]      serve clients on a socket\n"
-		"       kvd [--model PATH] --prompt TEXT [options]  generate in-process and exit\n"
-		"       kvd [--model PATH] --info\n"
-		"       kvd [options] --print-config                 show the effective configuration\n"
-		"\n"
-		"Every daemon option can also be set in the configuration file as\n"
-		"`name = value` (see kvd.conf(5)); the command line wins over the file.\n"
-		"      --config PATH       configuration file (default $KVD_CONFIG or " CONFIG_DEFAULT_PATH ")\n"
-		"      --print-config      print each option's value and where it came from, and exit\n"
-		"\n"
-		"daemon:\n"
-		"      --socket PATH       endpoint (default $RUNTIME_DIRECTORY/kvd.sock under systemd,\n"
-		"                          /run/kvd/kvd.sock as root, else $XDG_RUNTIME_DIR/kvd.sock);\n"
-		"                          a socket passed by systemd (kvd.socket) takes precedence\n"
-		"      --socket-group NAME group that may connect (the socket is mode 0660)\n"
-		"      --max-sessions N    sessions per connection (default 16)\n"
-		"      --max-slots N       sequence slots per session (default 8)\n"
-		"      --max-tokens N      prompt plus generated tokens per request (default 8192)\n"
-		"      --max-inflight N    requests in flight per connection (default 256)\n"
-		"      --max-uid-sessions N, --max-uid-inflight N, --max-uid-arena BYTES\n"
-		"                          the same limits for all connections of one uid\n"
-		"                          (defaults 64, 1024, 1G)\n"
-		"      --max-batch-tokens N rows per engine step (default 32: every decoder\n"
-		"                          waits for a step's prefill rows, ~2 ms each on a\n"
-		"                          2-core CPU, so short steps keep token gaps even)\n"
-		"      --kv-quota BLOCKS   KV blocks one uid may hold (default 0: no quota)\n"
-		"      --no-prefix-cache   never reuse cached prompt prefixes\n"
-		"      --drain-timeout MS  on SIGTERM, finish in-flight work for at most MS (default 5000)\n"
-		"      --log-level L       err, warning, notice (default), info, debug\n"
-		"      --bpf MODE          metrics programs on the USDT probes: auto (default: load\n"
-		"                          when CAP_BPF is held), on (failure is fatal), off\n"
-		"      --backend B         auto (CUDA when a device is present), cpu, cuda\n"
-		"  SIGHUP re-reads the file: log-level, the max-* limits, kv-quota, drain-timeout\n"
-		"  and no-prefix-cache change live; the rest is logged as needing a restart.\n"
-		"\n"
-		"generation and model:\n"
-		"  -m, --model PATH        GGUF model (default $KVD_MODEL or " CONFIG_DEFAULT_MODEL ",\n"
-		"                          under $STATE_DIRECTORY when systemd sets it)\n"
-		"  -p, --prompt TEXT       generate a continuation of TEXT and exit\n"
-		"  -n, --n-predict N       tokens to generate (default 128)\n"
-		"      --chat              wrap the prompt in the model's chat template\n"
-		"      --system TEXT       system message for --chat\n"
-		"      --temp T            temperature (default 0: greedy)\n"
-		"      --top-k K           keep the K most likely tokens (0: off)\n"
-		"      --top-p P           nucleus sampling mass (1: off)\n"
-		"      --min-p P           drop tokens below P x the top probability (0: off)\n"
-		"      --repeat-penalty R  penalise the last 64 tokens (1: off)\n"
-		"      --seed S            sampler seed (default 0)\n"
-		"  -t, --threads N         compute threads (default 0: all cores)\n"
-		"      --ctx N             context length (default 0: the model's)\n"
-		"      --kv-mem BYTES      KV-cache pool size (suffix K, M, G; default: 64k tokens)\n"
-		"      --kv-blocks N       KV-cache pool size in blocks (instead of --kv-mem)\n"
-		"      --kv-block-tokens N tokens per KV block, a power of two (default 16)\n"
-		"      --kv-type T         K/V element type: f16 (default), f32, q8_0\n"
-		"      --prefix-global     share cached prompt prefixes across users (default: per uid)\n"
-		"      --info              print the model's metadata and exit\n"
-		"  -h, --help\n");
-}
-
 /* SIGHUP, on the loop thread: the file and command line again; the live values into *live. */
 static void reload_config(void *arg, struct server_config *live)
 {
@@ -194,11 +132,13 @@ int main(int argc, char **argv)
 	char err[512];
 	int status = 1;
 	int rc = config_load(&o, argc, argv, err, sizeof(err));
-	if (rc || o.help) {
+	if (rc || o.help || o.help_man) {
 		if (rc)
 			log_msg(LOG_ERR, "%s (`kvd --help` lists the options)", err);
+		else if (o.help)
+			config_usage(stdout);
 		else
-			usage(stdout);
+			config_man(stdout);
 		status = rc ? 2 : 0;
 		goto out_config;
 	}
