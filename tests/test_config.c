@@ -243,15 +243,10 @@ static void test_precedence_and_print(void **state)
 	unsetenv("KVD_MODEL");
 }
 
-static void test_file_errors(void **state)
+/* A value outside its option's type or range: the message says what was expected. */
+static void test_file_bad_values(void **state)
 {
 	(void)state;
-	file_error("max-sessions = 8\nfrobnicate = 1\n", "2: unknown key 'frobnicate'");
-	file_error("max-sessions 8\n", "1: expected 'key = value', got 'max-sessions 8'");
-	file_error(" = 8\n", "1: a key is missing before '='");
-	file_error("prompt = hi\n", "1: prompt can only be given on the command line");
-	file_error("temp = 0.5\n", "1: temp can only be given on the command line");
-	file_error("max-slots = 2\n\nmax-slots = 3\n", "3: max-slots is already set on line 1");
 	file_error("max-sessions = 65\n",
 		   "1: bad value '65' for max-sessions: expected an integer from 1 to 64");
 	file_error("max-sessions = 0\n",
@@ -284,7 +279,17 @@ static void test_file_errors(void **state)
 		   "1: bad value '99999999999999999999' for max-uid-arena: expected a size in bytes "
 		   "with an optional K, M or G suffix, above 0");
 	file_error("model =\n", "1: bad value '' for model: expected a non-empty string");
+}
 
+static void test_file_errors(void **state)
+{
+	(void)state;
+	file_error("max-sessions = 8\nfrobnicate = 1\n", "2: unknown key 'frobnicate'");
+	file_error("max-sessions 8\n", "1: expected 'key = value', got 'max-sessions 8'");
+	file_error(" = 8\n", "1: a key is missing before '='");
+	file_error("prompt = hi\n", "1: prompt can only be given on the command line");
+	file_error("temp = 0.5\n", "1: temp can only be given on the command line");
+	file_error("max-slots = 2\n\nmax-slots = 3\n", "3: max-slots is already set on line 1");
 	char line[5000];
 	memset(line, 'x', sizeof(line));
 	memcpy(line, "model = ", 8);
@@ -565,6 +570,7 @@ int main(void)
 		cmocka_unit_test(test_defaults),
 		cmocka_unit_test(test_every_key_from_the_file),
 		cmocka_unit_test(test_precedence_and_print),
+		cmocka_unit_test(test_file_bad_values),
 		cmocka_unit_test(test_file_errors),
 		cmocka_unit_test(test_command_line_errors),
 		cmocka_unit_test(test_command_line_only),

@@ -730,6 +730,35 @@ static int seq_equal(const struct kvseq *x, const struct kvseq *y)
 	       !memcmp(x->tokens, y->tokens, x->n_tokens * sizeof(uint32_t));
 }
 
+/* A failing prepare that truncates keeps only the truncation; bad ranges change nothing. */
+static void enospc_truncate(struct kvpool *p, struct kvseq *a, const struct kvseq *const *l,
+			    const uint32_t *toks)
+{
+	struct kvpool_stats before, after;
+
+	/* A truncating prepare that fails keeps the truncation, and nothing else. */
+	before = stats(p);
+	assert_int_equal(kvseq_prepare(p, a, 3, 40), -ENOSPC);
+	after = stats(p);
+	assert_int_equal(a->n_tokens, 3);
+	assert_int_equal(a->n_blocks, 1);
+	assert_int_equal(a->n_keyed, 0);
+	assert_true(a->last_key == 0);
+	assert_int_equal(after.tokens_stored, before.tokens_stored - 5);
+	assert_int_equal(after.slots_allocated, before.slots_allocated - 4);
+	assert_int_equal(after.evictions, before.evictions);
+	assert_int_equal(after.cow_copies, before.cow_copies);
+	CHECK(p, l, 3);
+
+	/* Bad ranges. */
+	assert_int_equal(kvseq_prepare(p, a, 4, 8), -EINVAL);	/* from past n_tokens */
+	assert_int_equal(kvseq_prepare(p, a, 2, 1), -EINVAL);
+	assert_int_equal(kvseq_prepare(p, a, 0, UINT32_MAX), -EINVAL);
+	assert_int_equal(kvseq_commit(p, a, 3, 9, toks), -EINVAL);	/* past prepared blocks */
+	assert_int_equal(a->n_tokens, 3);
+	CHECK(p, l, 3);
+}
+
 static void test_enospc_rollback(void **state)
 {
 	(void)state;
@@ -793,27 +822,7 @@ static void test_enospc_rollback(void **state)
 	assert_int_equal(kvseq_commit(p, &c, 2, 12, toks + 2), 0);
 	CHECK(p, l, 3);
 
-	/* A truncating prepare that fails keeps the truncation, and nothing else. */
-	before = stats(p);
-	assert_int_equal(kvseq_prepare(p, &a, 3, 40), -ENOSPC);
-	after = stats(p);
-	assert_int_equal(a.n_tokens, 3);
-	assert_int_equal(a.n_blocks, 1);
-	assert_int_equal(a.n_keyed, 0);
-	assert_true(a.last_key == 0);
-	assert_int_equal(after.tokens_stored, before.tokens_stored - 5);
-	assert_int_equal(after.slots_allocated, before.slots_allocated - 4);
-	assert_int_equal(after.evictions, before.evictions);
-	assert_int_equal(after.cow_copies, before.cow_copies);
-	CHECK(p, l, 3);
-
-	/* Bad ranges. */
-	assert_int_equal(kvseq_prepare(p, &a, 4, 8), -EINVAL);	/* from past n_tokens */
-	assert_int_equal(kvseq_prepare(p, &a, 2, 1), -EINVAL);
-	assert_int_equal(kvseq_prepare(p, &a, 0, UINT32_MAX), -EINVAL);
-	assert_int_equal(kvseq_commit(p, &a, 3, 9, toks), -EINVAL);	/* past prepared blocks */
-	assert_int_equal(a.n_tokens, 3);
-	CHECK(p, l, 3);
+	enospc_truncate(p, &a, l, toks);
 
 	free(saved.blocks);
 	free(saved.tokens);
@@ -1034,6 +1043,41 @@ static void r_extend(struct rnd_state *r, struct shadow *h, uint32_t from)
 	r_append(r, h, from, toks, k);
 }
 
+/* h (not live) becomes a fork of a random live sequence; 0 if the one drawn is not live. */
+static int r_fork(struct rnd_state *r, struct shadow *h)
+{
+	struct shadow *src = &r->sh[rnd(r, R_SEQS)];
+	if (!src->live)
+		return 0;
+	kvseq_init(&h->s, 12345);
+	assert_int_equal(kvseq_fork(r->p, &h->s, &src->s), 0);
+	memcpy(h->tok, src->tok, src->n * sizeof(uint32_t));
+	memcpy(h->mk, src->mk, src->n * sizeof(uint64_t));
+	h->n = src->n;
+	h->live = 1;
+	return 1;
+}
+
+/* Look up a random key ever registered; 0 if the slot drawn was never used. */
+static int r_lookup(struct rnd_state *r)
+{
+	unsigned k = rnd(r, R_KEYS);
+	uint32_t id;
+	if (!r->keys[k].used)
+		return 0;
+	if (kvpool_lookup(r->p, r->keys[k].key, &id) == 0) {
+		/* A key still present must still hold its content. */
+		struct kvseq one = { .blocks = &id, .n_blocks = 1 };
+		expect_marker(r->p, &one, 0, r->keys[k].first);
+		expect_marker(r->p, &one, r->bt - 1, r->keys[k].last);
+		kvpool_unref(r->p, id);
+		r->lookups_hit++;
+	} else {
+		r->lookups_miss++;
+	}
+	return 1;
+}
+
 static void run_random(uint32_t bt, uint64_t seed, unsigned ops)
 {
 	struct rnd_state *r = calloc(1, sizeof(*r));
@@ -1057,16 +1101,8 @@ static void run_random(uint32_t bt, uint64_t seed, unsigned ops)
 		if (!h->live) {
 			if (what < 60) {
 				r_new(r, h);
-			} else {
-				struct shadow *src = &r->sh[rnd(r, R_SEQS)];
-				if (!src->live)
-					continue;
-				kvseq_init(&h->s, 12345);
-				assert_int_equal(kvseq_fork(r->p, &h->s, &src->s), 0);
-				memcpy(h->tok, src->tok, src->n * sizeof(uint32_t));
-				memcpy(h->mk, src->mk, src->n * sizeof(uint64_t));
-				h->n = src->n;
-				h->live = 1;
+			} else if (!r_fork(r, h)) {
+				continue;
 			}
 		} else if (what < 55) {
 			r_extend(r, h, h->n);
@@ -1075,21 +1111,8 @@ static void run_random(uint32_t bt, uint64_t seed, unsigned ops)
 		} else if (what < 85) {
 			kvseq_release(r->p, &h->s);
 			h->live = 0;
-		} else {
-			unsigned k = rnd(r, R_KEYS);
-			uint32_t id;
-			if (!r->keys[k].used)
-				continue;
-			if (kvpool_lookup(r->p, r->keys[k].key, &id) == 0) {
-				/* A key still present must still hold its content. */
-				struct kvseq one = { .blocks = &id, .n_blocks = 1 };
-				expect_marker(r->p, &one, 0, r->keys[k].first);
-				expect_marker(r->p, &one, bt - 1, r->keys[k].last);
-				kvpool_unref(r->p, id);
-				r->lookups_hit++;
-			} else {
-				r->lookups_miss++;
-			}
+		} else if (!r_lookup(r)) {
+			continue;
 		}
 		check_all(r);
 		if (h->live)
