@@ -1,106 +1,21 @@
-/* config.c — one option table for kvd.conf and getopt: parsing, precedence, --print-config, SIGHUP reload. */
+/* config.c — kvd.conf and getopt over the option table (config_opts.c): parsing, precedence, --print-config, SIGHUP reload. */
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
 #include <grp.h>
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include "daemon/config.h"
+#include "daemon/config_int.h"
 #include "daemon/log.h"
 #include "kernels/backend.h"
 
 #define MAX_LINE 4096
 #define MAX_FILE (1 << 20)
 
-enum cfg_type {
-	CT_STR,		/* const char * */
-	CT_U32,		/* uint32_t in [lo, hi] */
-	CT_POW2,	/* uint32_t in [lo, hi], a power of two */
-	CT_INT,		/* int in [lo, hi] */
-	CT_F32,		/* float in [lo, hi] */
-	CT_U64,		/* uint64_t, any */
-	CT_SIZE,	/* uint64_t bytes with K/M/G suffix; 0 allowed when lo == 0 */
-	CT_BOOL,	/* int 0/1; a flag without value on the command line */
-	CT_ENUM,	/* int, one of names[] mapped to vals[] */
-};
-
-#define F_CLI	(1u << 0)	/* command line only */
-#define F_LIVE	(1u << 1)	/* SIGHUP applies a new value without a restart */
-
-struct cfg_opt {
-	const char *name;	/* long option and file key */
-	int short_opt;
-	uint8_t type;		/* enum cfg_type */
-	uint8_t flags;
-	size_t off;		/* in struct kvd_options */
-	double lo, hi;
-	const char *const *names;	/* CT_ENUM, NULL-terminated */
-	const int *vals;
-};
-
-static const char *const levels[] = { "emerg", "alert", "crit", "err", "warning", "notice",
-				      "info", "debug", NULL };
-static const int level_vals[] = { 0, 1, 2, 3, 4, 5, 6, 7 };
-static const char *const kv_types[] = { "f16", "f32", "q8_0", NULL };
-static const int kv_type_vals[] = { KB_F16, KB_F32, KB_Q8_0 };
-static const char *const bpf_modes[] = { "auto", "on", "off", NULL };
-static const int bpf_vals[] = { CONFIG_BPF_AUTO, CONFIG_BPF_ON, CONFIG_BPF_OFF };
-static const char *const backends[] = { "auto", "cpu", "cuda", NULL };
-static const int backend_vals[] = { CONFIG_BACKEND_AUTO, CONFIG_BACKEND_CPU, CONFIG_BACKEND_CUDA };
-
-#define O(f) offsetof(struct kvd_options, f)
-#define S(f) offsetof(struct kvd_options, srv.f)
-#define ENUM(n, v) .names = n, .vals = v
-
-static const struct cfg_opt table[] = {
-	/* modes and in-process generation */
-	{ "config", 0, CT_STR, F_CLI, O(config_path), 0, 0, NULL, NULL },
-	{ "print-config", 0, CT_BOOL, F_CLI, O(print_config), 0, 0, NULL, NULL },
-	{ "help", 'h', CT_BOOL, F_CLI, O(help), 0, 0, NULL, NULL },
-	{ "info", 0, CT_BOOL, F_CLI, O(info), 0, 0, NULL, NULL },
-	{ "prompt", 'p', CT_STR, F_CLI, O(prompt), 0, 0, NULL, NULL },
-	{ "system", 0, CT_STR, F_CLI, O(system), 0, 0, NULL, NULL },
-	{ "chat", 0, CT_BOOL, F_CLI, O(chat), 0, 0, NULL, NULL },
-	{ "n-predict", 'n', CT_INT, F_CLI, O(n_predict), 0, 1 << 20, NULL, NULL },
-	{ "temp", 0, CT_F32, F_CLI, O(sp.temperature), 0, 100, NULL, NULL },
-	{ "top-k", 0, CT_U32, F_CLI, O(sp.top_k), 0, 1 << 24, NULL, NULL },
-	{ "top-p", 0, CT_F32, F_CLI, O(sp.top_p), 0, 1, NULL, NULL },
-	{ "min-p", 0, CT_F32, F_CLI, O(sp.min_p), 0, 1, NULL, NULL },
-	{ "repeat-penalty", 0, CT_F32, F_CLI, O(sp.repeat_penalty), 0, 100, NULL, NULL },
-	{ "seed", 0, CT_U64, F_CLI, O(sp.seed), 0, 0, NULL, NULL },
-	/* the model, compute and the KV pool */
-	{ "model", 'm', CT_STR, 0, O(model), 0, 0, NULL, NULL },
-	{ "backend", 0, CT_ENUM, 0, O(backend), 0, 0, ENUM(backends, backend_vals) },
-	{ "threads", 't', CT_U32, 0, O(threads), 0, 1024, NULL, NULL },
-	{ "ctx", 0, CT_U32, 0, O(ctx), 0, 1 << 24, NULL, NULL },
-	{ "kv-mem", 0, CT_SIZE, 0, O(kv_mem), 0, 0, NULL, NULL },
-	{ "kv-blocks", 0, CT_U32, 0, O(kv_blocks), 0, 1u << 30, NULL, NULL },
-	{ "kv-block-tokens", 0, CT_POW2, 0, O(kv_block_tokens), 1, 1024, NULL, NULL },
-	{ "kv-type", 0, CT_ENUM, 0, O(kv_type), 0, 0, ENUM(kv_types, kv_type_vals) },
-	{ "prefix-global", 0, CT_BOOL, 0, S(prefix_global), 0, 0, NULL, NULL },
-	{ "no-prefix-cache", 0, CT_BOOL, F_LIVE, S(no_prefix_cache), 0, 0, NULL, NULL },
-	/* the service */
-	{ "socket", 0, CT_STR, 0, S(socket_path), 0, 0, NULL, NULL },
-	{ "socket-group", 0, CT_STR, 0, O(socket_group), 0, 0, NULL, NULL },
-	{ "log-level", 0, CT_ENUM, F_LIVE, O(log_level), 0, 0, ENUM(levels, level_vals) },
-	{ "bpf", 0, CT_ENUM, 0, O(bpf), 0, 0, ENUM(bpf_modes, bpf_vals) },
-	{ "drain-timeout", 0, CT_U32, F_LIVE, S(drain_timeout_ms), 0, 3600000, NULL, NULL },
-	{ "max-sessions", 0, CT_U32, F_LIVE, S(max_sessions), 1, SRV_MAX_SESSIONS, NULL, NULL },
-	{ "max-slots", 0, CT_U32, 0, S(max_slots), 1, SRV_MAX_SLOTS, NULL, NULL },
-	{ "max-tokens", 0, CT_U32, F_LIVE, S(max_tokens), 1, 1 << 24, NULL, NULL },
-	{ "max-inflight", 0, CT_U32, F_LIVE, S(max_inflight), 1, 1 << 20, NULL, NULL },
-	{ "max-uid-sessions", 0, CT_U32, F_LIVE, S(max_uid_sessions), 1, 1 << 20, NULL, NULL },
-	{ "max-uid-inflight", 0, CT_U32, F_LIVE, S(max_uid_inflight), 1, 1 << 24, NULL, NULL },
-	{ "max-uid-arena", 0, CT_SIZE, F_LIVE, S(max_uid_arena), 1, 0, NULL, NULL },
-	{ "max-batch-tokens", 0, CT_U32, 0, S(max_batch_rows), 1, 1 << 16, NULL, NULL },
-	{ "kv-quota", 0, CT_U32, F_LIVE, S(kv_quota), 0, 1u << 30, NULL, NULL },
-};
-#define N_OPTS (sizeof(table) / sizeof(table[0]))
-_Static_assert(N_OPTS <= CONFIG_MAX_OPTS, "raise CONFIG_MAX_OPTS");
 
 static void *field(const struct kvd_options *o, const struct cfg_opt *t)
 {
@@ -109,18 +24,10 @@ static void *field(const struct kvd_options *o, const struct cfg_opt *t)
 
 static int find_opt(const char *name, size_t len)
 {
-	for (size_t i = 0; i < N_OPTS; i++)
-		if (strlen(table[i].name) == len && !memcmp(table[i].name, name, len))
+	for (size_t i = 0; i < config_n_opts; i++)
+		if (strlen(config_opts[i].name) == len && !memcmp(config_opts[i].name, name, len))
 			return (int)i;
 	return -1;
-}
-
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
 }
 
 /* What a value of t looks like, for error messages. */
@@ -347,14 +254,14 @@ static int set_owned(struct kvd_options *o, int i, const char *s, size_t len, ch
 	if (!copy)
 		return -ENOMEM;
 	char desc[160];
-	if (parse_value(o, &table[i], copy)) {
-		describe(&table[i], desc, sizeof(desc));
-		seterr(err, errlen, "%s: bad value '%s' for %s: expected %s", where, copy,
-		       table[i].name, desc);
+	if (parse_value(o, &config_opts[i], copy)) {
+		describe(&config_opts[i], desc, sizeof(desc));
+		log_errf(err, errlen, 0, "%s: bad value '%s' for %s: expected %s", where, copy,
+		       config_opts[i].name, desc);
 		free(copy);
 		return -EINVAL;
 	}
-	if (table[i].type == CT_STR) {
+	if (config_opts[i].type == CT_STR) {
 		free(o->owned[i]);
 		o->owned[i] = copy;
 	} else {
@@ -382,11 +289,11 @@ int config_parse_text(struct kvd_options *o, const char *name, const char *text,
 		lineno++;
 		snprintf(where, sizeof(where), "%s:%u", name, lineno);
 		if (n > MAX_LINE) {
-			seterr(err, errlen, "%s: line longer than %d bytes", where, MAX_LINE);
+			log_errf(err, errlen, 0, "%s: line longer than %d bytes", where, MAX_LINE);
 			return -EINVAL;
 		}
 		if (memchr(line, '\0', n)) {
-			seterr(err, errlen, "%s: NUL byte in the line", where);
+			log_errf(err, errlen, 0, "%s: NUL byte in the line", where);
 			return -EINVAL;
 		}
 		while (n && is_space(*line))
@@ -397,7 +304,7 @@ int config_parse_text(struct kvd_options *o, const char *name, const char *text,
 			continue;
 		const char *eq = memchr(line, '=', n);
 		if (!eq) {
-			seterr(err, errlen, "%s: expected 'key = value', got '%.*s'", where,
+			log_errf(err, errlen, 0, "%s: expected 'key = value', got '%.*s'", where,
 			       (int)(n > 60 ? 60 : n), line);
 			return -EINVAL;
 		}
@@ -409,21 +316,21 @@ int config_parse_text(struct kvd_options *o, const char *name, const char *text,
 		while (vl && is_space(*val))
 			val++, vl--;
 		if (!kl) {
-			seterr(err, errlen, "%s: a key is missing before '='", where);
+			log_errf(err, errlen, 0, "%s: a key is missing before '='", where);
 			return -EINVAL;
 		}
 		int i = find_opt(line, kl);
 		if (i < 0) {
-			seterr(err, errlen, "%s: unknown key '%.*s'", where, (int)(kl > 60 ? 60 : kl), line);
+			log_errf(err, errlen, 0, "%s: unknown key '%.*s'", where, (int)(kl > 60 ? 60 : kl), line);
 			return -EINVAL;
 		}
-		if (table[i].flags & F_CLI) {
-			seterr(err, errlen, "%s: %s can only be given on the command line", where,
-			       table[i].name);
+		if (config_opts[i].flags & F_CLI) {
+			log_errf(err, errlen, 0, "%s: %s can only be given on the command line", where,
+			       config_opts[i].name);
 			return -EINVAL;
 		}
 		if (o->origin[i].src == CONFIG_SRC_FILE) {
-			seterr(err, errlen, "%s: %s is already set on line %u", where, table[i].name,
+			log_errf(err, errlen, 0, "%s: %s is already set on line %u", where, config_opts[i].name,
 			       o->origin[i].line);
 			return -EINVAL;
 		}
@@ -443,7 +350,7 @@ static int parse_file(struct kvd_options *o, const char *path, int must_exist, c
 		if (errno == ENOENT && !must_exist)
 			return 0;
 		int rc = -errno;
-		seterr(err, errlen, "cannot read %s: %s", path, strerror(-rc));
+		log_errf(err, errlen, 0, "cannot read %s: %s", path, strerror(-rc));
 		return rc;
 	}
 	char *buf = malloc(MAX_FILE + 1);
@@ -456,10 +363,10 @@ static int parse_file(struct kvd_options *o, const char *path, int must_exist, c
 		rc = -ENOMEM;
 	else if (r < 0) {
 		rc = -errno;
-		seterr(err, errlen, "cannot read %s: %s", path, strerror(-rc));
+		log_errf(err, errlen, 0, "cannot read %s: %s", path, strerror(-rc));
 	} else if (len > MAX_FILE) {
 		rc = -EFBIG;
-		seterr(err, errlen, "%s: larger than %d bytes", path, MAX_FILE);
+		log_errf(err, errlen, 0, "%s: larger than %d bytes", path, MAX_FILE);
 	}
 	close(fd);
 	if (!rc) {
@@ -478,20 +385,20 @@ static int parse_file(struct kvd_options *o, const char *path, int must_exist, c
  */
 static int parse_args(struct kvd_options *o, int argc, char **argv, int pre, char *err, size_t errlen)
 {
-	struct option longopts[N_OPTS + 1];
+	struct option longopts[CONFIG_MAX_OPTS + 1];
 	char shorts[64] = ":";
 	size_t ns = 1;
-	for (size_t i = 0; i < N_OPTS; i++) {
-		int arg = table[i].type == CT_BOOL ? no_argument : required_argument;
-		longopts[i] = (struct option){ table[i].name, arg, NULL, 256 + (int)i };
-		if (table[i].short_opt) {
-			shorts[ns++] = (char)table[i].short_opt;
+	for (size_t i = 0; i < config_n_opts; i++) {
+		int arg = config_opts[i].type == CT_BOOL ? no_argument : required_argument;
+		longopts[i] = (struct option){ config_opts[i].name, arg, NULL, 256 + (int)i };
+		if (config_opts[i].short_opt) {
+			shorts[ns++] = (char)config_opts[i].short_opt;
 			if (arg == required_argument)
 				shorts[ns++] = ':';
 		}
 	}
 	shorts[ns] = 0;
-	memset(&longopts[N_OPTS], 0, sizeof(longopts[N_OPTS]));
+	memset(&longopts[config_n_opts], 0, sizeof(longopts[config_n_opts]));
 	opterr = 0;
 	optind = 0;	/* glibc: start afresh, so a reload can parse argv again */
 	int c, li;
@@ -501,43 +408,44 @@ static int parse_args(struct kvd_options *o, int argc, char **argv, int pre, cha
 				continue;
 			const char *arg = argv[optind - 1];
 			if (c == ':')
-				seterr(err, errlen, "option %s needs a value", arg);
+				log_errf(err, errlen, 0, "option %s needs a value", arg);
 			else if (optopt >= 256)
-				seterr(err, errlen, "option --%s takes no value", table[optopt - 256].name);
+				log_errf(err, errlen, 0, "option --%s takes no value", config_opts[optopt - 256].name);
 			else if (optopt && optopt < 256 && strncmp(arg, "--", 2))
-				seterr(err, errlen, "unknown option '-%c'", optopt);
+				log_errf(err, errlen, 0, "unknown option '-%c'", optopt);
 			else
-				seterr(err, errlen, "unknown option '%s'", arg);
+				log_errf(err, errlen, 0, "unknown option '%s'", arg);
 			return -EINVAL;
 		}
 		int i = -1;
 		if (c >= 256)
 			i = c - 256;
 		else
-			for (size_t k = 0; k < N_OPTS; k++)
-				if (table[k].short_opt == c)
+			for (size_t k = 0; k < config_n_opts; k++)
+				if (config_opts[k].short_opt == c)
 					i = (int)k;
 		if (i < 0)
 			continue;
-		if (pre && strcmp(table[i].name, "config") && strcmp(table[i].name, "help"))
+		if (pre && strcmp(config_opts[i].name, "config") && strcmp(config_opts[i].name, "help") &&
+		    strcmp(config_opts[i].name, "help-man"))
 			continue;
-		const char *val = table[i].type == CT_BOOL ? "yes" : optarg;
-		if (parse_value(o, &table[i], val)) {
+		const char *val = config_opts[i].type == CT_BOOL ? "yes" : optarg;
+		if (parse_value(o, &config_opts[i], val)) {
 			char desc[160];
 			if (pre)
 				continue;
-			describe(&table[i], desc, sizeof(desc));
-			seterr(err, errlen, "bad value '%s' for --%s: expected %s", val, table[i].name, desc);
+			describe(&config_opts[i], desc, sizeof(desc));
+			log_errf(err, errlen, 0, "bad value '%s' for --%s: expected %s", val, config_opts[i].name, desc);
 			return -EINVAL;
 		}
-		if (table[i].type == CT_STR) {
+		if (config_opts[i].type == CT_STR) {
 			free(o->owned[i]);	/* argv outlives o: no copy */
 			o->owned[i] = NULL;
 		}
 		o->origin[i] = (struct config_origin){ CONFIG_SRC_CMDLINE, 0 };
 	}
 	if (!pre && optind < argc) {
-		seterr(err, errlen, "unexpected argument '%s'", argv[optind]);
+		log_errf(err, errlen, 0, "unexpected argument '%s'", argv[optind]);
 		return -EINVAL;
 	}
 	return 0;
@@ -549,14 +457,14 @@ static int finish(struct kvd_options *o, char *err, size_t errlen)
 	if (o->socket_group) {
 		struct group *g = getgrnam(o->socket_group);
 		if (!g) {
-			seterr(err, errlen, "socket-group: unknown group '%s'", o->socket_group);
+			log_errf(err, errlen, 0, "socket-group: unknown group '%s'", o->socket_group);
 			return -EINVAL;
 		}
 		o->srv.socket_gid = g->gr_gid;
 	}
 #ifndef KVD_HAVE_CUDA
 	if (o->backend == CONFIG_BACKEND_CUDA) {
-		seterr(err, errlen, "backend = cuda: this kvd was built without the CUDA backend "
+		log_errf(err, errlen, 0, "backend = cuda: this kvd was built without the CUDA backend "
 		       "(build with CUDA=1 where nvcc is installed), use auto or cpu");
 		return -EINVAL;
 	}
@@ -570,7 +478,7 @@ int config_load(struct kvd_options *o, int argc, char **argv, char *err, size_t 
 	o->argc = argc;
 	o->argv = argv;
 	int rc = parse_args(o, argc, argv, 1, err, errlen);
-	if (rc || o->help)
+	if (rc || o->help || o->help_man)
 		return rc;
 	const char *env = getenv("KVD_CONFIG");
 	const char *path = o->config_path ? o->config_path : env && *env ? env : NULL;
@@ -640,8 +548,8 @@ void config_print(const struct kvd_options *o, FILE *f)
 	char val[512], from[320], line[600], sock[256];
 	fprintf(f, "# kvd configuration: %s\n",
 		o->file_used ? o->file_used : "no file read (defaults and command line)");
-	for (size_t i = 0; i < N_OPTS; i++) {
-		const struct cfg_opt *t = &table[i];
+	for (size_t i = 0; i < config_n_opts; i++) {
+		const struct cfg_opt *t = &config_opts[i];
 		if (t->flags & F_CLI)
 			continue;
 		format_value(o, t, val, sizeof(val));
@@ -668,8 +576,8 @@ int config_reload(struct kvd_options *o, struct server_config *live)
 		return rc;
 	}
 	int applied = 0, kept = 0;
-	for (size_t i = 0; i < N_OPTS; i++) {
-		const struct cfg_opt *t = &table[i];
+	for (size_t i = 0; i < config_n_opts; i++) {
+		const struct cfg_opt *t = &config_opts[i];
 		if ((t->flags & F_CLI) || same_value(o, &n, t))
 			continue;
 		format_value(o, t, a, sizeof(a));

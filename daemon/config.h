@@ -1,4 +1,4 @@
-/* config.h — kvd's options: one table read from /etc/kvd/kvd.conf and the command line. */
+/* config.h — kvd's options: one table read from /etc/kvd/kvd.conf and the command line, printed as --help and kvd(8)'s list. */
 #ifndef KVD_CONFIG_H
 #define KVD_CONFIG_H
 
@@ -28,6 +28,7 @@ struct kvd_options {
 	const char *config_path;	/* NULL: $KVD_CONFIG, else CONFIG_DEFAULT_PATH */
 	int print_config;
 	int help;
+	int help_man;			/* hidden: the man page's option list */
 	int info;
 	const char *prompt;
 	const char *system;
@@ -72,6 +73,15 @@ void config_defaults(struct kvd_options *o);
 /* name: the file name used in messages. Returns 0 or -EINVAL with err set. */
 int config_parse_text(struct kvd_options *o, const char *name, const char *text, size_t len,
 		      char *err, size_t errlen);
+
+/* --help: usage and every option, from the table. */
+void config_usage(FILE *f);
+/*
+ * --help-man: the OPTIONS section of kvd(8) in roff, from the same table
+ * (from ".SH OPTIONS" up to the next .SH); tests/test_config.c checks
+ * tools/man/kvd.8 against it.
+ */
+void config_man(FILE *f);
 
 /* --print-config: every daemon option as `key = value  # source`. */
 void config_print(const struct kvd_options *o, FILE *f);

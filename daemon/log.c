@@ -1,9 +1,10 @@
-/* log.c — stderr logging that journald understands (sd-daemon(3) <N> prefixes). */
+/* log.c — stderr logging that journald understands (sd-daemon(3) <N> prefixes), error strings, the clock. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include "daemon/log.h"
 
 static int max_level = LOG_NOTICE;
@@ -50,4 +51,27 @@ void log_msg(int level, const char *fmt, ...)
 		fprintf(stderr, "<%d>%s\n", level, line);
 	else
 		fprintf(stderr, "kvd: %s\n", line);
+}
+
+int log_verrf(char *err, size_t errlen, int rc, const char *fmt, va_list ap)
+{
+	if (err && errlen)
+		vsnprintf(err, errlen, fmt, ap);
+	return rc;
+}
+
+int log_errf(char *err, size_t errlen, int rc, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	log_verrf(err, errlen, rc, fmt, ap);
+	va_end(ap);
+	return rc;
+}
+
+uint64_t log_now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }

@@ -7,10 +7,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include "tests/bench_util.h"
 #include "daemon/engine/engine.h"
+#include "daemon/engine/generate.h"
 #include "daemon/engine/kvpool.h"
+#include "daemon/engine/sampler.h"
 #include "daemon/model/model.h"
 #include "kernels/backend.h"
 
@@ -46,50 +47,39 @@ int main(void)
 		return 1;
 	}
 	uint32_t vocab = m->hp.vocab;
-	float *logits = malloc((size_t)vocab * sizeof(float));
-	struct engine_row *rows = calloc(PROMPT, sizeof(*rows));
+	uint32_t *prompt = malloc(PROMPT * sizeof(uint32_t));
+	struct sampler_params sp;
+	struct sampler *smp;
+	sampler_params_default(&sp);
+	if (!prompt || sampler_create(&smp, &sp, vocab))
+		return 1;
 	double pre[RUNS], dec[RUNS], tg[RUNS];
 	/* A fixed pseudo-random prompt: throughput does not depend on the text. */
 	uint32_t x = 12345;
 	for (int run = -1; run < RUNS; run++) {	/* run -1 warms caches and the pool */
 		struct engine_seq s;
-		engine_seq_init(e, &s, 0);
+		struct generate_result r;
 		for (uint32_t i = 0; i < PROMPT; i++) {
 			x = x * 1103515245u + 12345u;
-			rows[i] = (struct engine_row){ &s, i, (x >> 8) % vocab, i == PROMPT - 1 };
+			prompt[i] = (x >> 8) % vocab;
 		}
-		double t0 = now_s();
-		if (engine_forward(e, rows, PROMPT, logits))
-			return 1;
-		double t1 = now_s();
-		uint32_t tok = 0;
-		for (uint32_t i = 0; i < DECODE; i++) {
-			for (uint32_t v = 1; v < vocab; v++)
-				tok = logits[v] > logits[tok] ? v : tok;
-			struct engine_row r = { &s, PROMPT + i, tok, 1 };
-			if (engine_forward(e, &r, 1, logits))
-				return 1;
-		}
-		double t2 = now_s();
-		engine_seq_release(e, &s);
-		/* tg128: from an empty cache, every token through the decode path. */
+		/* The prompt in one pass, then DECODE greedy tokens fed back (one more sampled). */
+		struct generate_params gp = { .max_tokens = DECODE + 1 };
 		engine_seq_init(e, &s, 0);
-		tok = rows[0].token;
-		double t3 = now_s();
-		for (uint32_t i = 0; i < DECODE; i++) {
-			struct engine_row r = { &s, i, tok, 1 };
-			if (engine_forward(e, &r, 1, logits))
-				return 1;
-			tok = 0;
-			for (uint32_t v = 1; v < vocab; v++)
-				tok = logits[v] > logits[tok] ? v : tok;
-		}
-		double t4 = now_s();
+		if (generate(e, smp, &s, prompt, PROMPT, &gp, &r))
+			return 1;
+		engine_seq_release(e, &s);
+		double t_pre = r.prefill_ns * 1e-9, t_dec = r.decode_ns * 1e-9;
+		/* tg128: from an empty cache, every token through the decode path. */
+		gp.max_tokens = DECODE;
+		engine_seq_init(e, &s, 0);
+		if (generate(e, smp, &s, prompt, 1, &gp, &r))
+			return 1;
 		engine_seq_release(e, &s);
 		if (run >= 0) {
-			pre[run] = PROMPT / (t1 - t0);
-			dec[run] = DECODE / (t2 - t1);
-			tg[run] = DECODE / (t4 - t3);
+			pre[run] = PROMPT / t_pre;
+			dec[run] = DECODE / t_dec;
+			tg[run] = DECODE / ((r.prefill_ns + r.decode_ns) * 1e-9);
 		}
 	}
 	printf("engine, %s, %d threads, %d runs\n", m->hp.name, THREADS, RUNS);
@@ -98,8 +88,8 @@ int main(void)
 	print_row("prefill, 512-token prompt (pp512)", pre, ">= 350");
 	print_row("decode 128 from empty (tg128)", tg, ">= 130");
 	print_row("decode 128 after the 512 prompt", dec, "-");
-	free(rows);
-	free(logits);
+	sampler_destroy(smp);
+	free(prompt);
 	engine_destroy(e);
 	kvpool_destroy(pool);
 	be->ops->destroy(be);

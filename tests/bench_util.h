@@ -4,14 +4,13 @@
 
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
+#include "daemon/log.h"
 #include "daemon/model/model.h"
 
+/* Seconds on the daemon's one clock (log_now_ns). */
 static inline double now_s(void)
 {
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+	return (double)log_now_ns() * 1e-9;
 }
 
 static inline int cmp_double(const void *a, const void *b)

@@ -1,4 +1,4 @@
-/* test_config.c — kvd.conf and the command line: precedence, --print-config, every error message, reload. */
+/* test_config.c — kvd.conf and the command line: precedence, --print-config, every error message, reload, kvd(8)'s option list. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -243,15 +243,10 @@ static void test_precedence_and_print(void **state)
 	unsetenv("KVD_MODEL");
 }
 
-static void test_file_errors(void **state)
+/* A value outside its option's type or range: the message says what was expected. */
+static void test_file_bad_values(void **state)
 {
 	(void)state;
-	file_error("max-sessions = 8\nfrobnicate = 1\n", "2: unknown key 'frobnicate'");
-	file_error("max-sessions 8\n", "1: expected 'key = value', got 'max-sessions 8'");
-	file_error(" = 8\n", "1: a key is missing before '='");
-	file_error("prompt = hi\n", "1: prompt can only be given on the command line");
-	file_error("temp = 0.5\n", "1: temp can only be given on the command line");
-	file_error("max-slots = 2\n\nmax-slots = 3\n", "3: max-slots is already set on line 1");
 	file_error("max-sessions = 65\n",
 		   "1: bad value '65' for max-sessions: expected an integer from 1 to 64");
 	file_error("max-sessions = 0\n",
@@ -284,7 +279,17 @@ static void test_file_errors(void **state)
 		   "1: bad value '99999999999999999999' for max-uid-arena: expected a size in bytes "
 		   "with an optional K, M or G suffix, above 0");
 	file_error("model =\n", "1: bad value '' for model: expected a non-empty string");
+}
 
+static void test_file_errors(void **state)
+{
+	(void)state;
+	file_error("max-sessions = 8\nfrobnicate = 1\n", "2: unknown key 'frobnicate'");
+	file_error("max-sessions 8\n", "1: expected 'key = value', got 'max-sessions 8'");
+	file_error(" = 8\n", "1: a key is missing before '='");
+	file_error("prompt = hi\n", "1: prompt can only be given on the command line");
+	file_error("temp = 0.5\n", "1: temp can only be given on the command line");
+	file_error("max-slots = 2\n\nmax-slots = 3\n", "3: max-slots is already set on line 1");
 	char line[5000];
 	memset(line, 'x', sizeof(line));
 	memcpy(line, "model = ", 8);
@@ -493,17 +498,85 @@ static void test_parse_text_direct(void **state)
 	config_free(&o);
 }
 
+/* The whole of f's contents as a string (malloc'd), or NULL. */
+static char *slurp(const char *path)
+{
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return NULL;
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *m = open_memstream(&buf, &len);
+	int c;
+	while (m && (c = fgetc(f)) != EOF)
+		fputc(c, m);
+	fclose(f);
+	if (m)
+		fclose(m);
+	return buf;
+}
+
+/*
+ * kvd(8)'s OPTIONS section is what the option table prints (kvd
+ * --help-man), so the page cannot drift from the options. After changing
+ * the table, regenerate it: replace the page from ".SH OPTIONS" up to the
+ * next ".SH" with the output of `build/kvd --help-man`.
+ */
+static void test_man_page_options(void **state)
+{
+	(void)state;
+	char *page = slurp("tools/man/kvd.8"), *want = NULL;
+	size_t want_len = 0;
+	assert_non_null(page);
+	FILE *m = open_memstream(&want, &want_len);
+	assert_non_null(m);
+	config_man(m);
+	fclose(m);
+	char *start = strstr(page, "\n.SH OPTIONS\n");
+	assert_non_null(start);
+	start++;
+	char *end = strstr(start + 1, "\n.SH ");
+	assert_non_null(end);
+	end[1] = '\0';
+	if (strcmp(start, want)) {
+		size_t i = 0;
+		while (start[i] && start[i] == want[i])
+			i++;
+		size_t line = 1;
+		for (size_t k = 0; k < i; k++)
+			line += start[k] == '\n';
+		fail_msg("tools/man/kvd.8's OPTIONS differ from the option table at line %zu of the "
+			 "section (page: '%.40s', table: '%.40s'); regenerate it from `kvd --help-man`",
+			 line, start + i, want + i);
+	}
+	/* Every option the table shows is in --help too, with its value's name. */
+	char *usage = NULL;
+	size_t usage_len = 0;
+	m = open_memstream(&usage, &usage_len);
+	assert_non_null(m);
+	config_usage(m);
+	fclose(m);
+	assert_non_null(strstr(usage, "  -m, --model PATH  "));
+	assert_non_null(strstr(usage, "      --kv-quota BLOCKS  "));
+	assert_null(strstr(usage, "help-man"));
+	free(usage);
+	free(want);
+	free(page);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_defaults),
 		cmocka_unit_test(test_every_key_from_the_file),
 		cmocka_unit_test(test_precedence_and_print),
+		cmocka_unit_test(test_file_bad_values),
 		cmocka_unit_test(test_file_errors),
 		cmocka_unit_test(test_command_line_errors),
 		cmocka_unit_test(test_command_line_only),
 		cmocka_unit_test(test_reload),
 		cmocka_unit_test(test_parse_text_direct),
+		cmocka_unit_test(test_man_page_options),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -15,7 +15,9 @@
 #include <unistd.h>
 
 #include "daemon/engine/engine.h"
+#include "daemon/engine/generate.h"
 #include "daemon/engine/kvpool.h"
+#include "daemon/engine/sampler.h"
 #include "daemon/model/model.h"
 #include "kernels/backend.h"
 
@@ -107,11 +109,7 @@ static int run_on(struct engine *e, struct engine_seq *s, uint32_t p0, const uin
 static int run(struct engine_seq *s, uint32_t p0, const uint32_t *ids, uint32_t n, int all,
 	       float *logits)
 {
-	struct engine_row rows[MAX_ROWS + 1];
-	assert_true(n <= MAX_ROWS + 1);
-	for (uint32_t i = 0; i < n; i++)
-		rows[i] = (struct engine_row){ s, p0 + i, ids[i], all || i == n - 1 };
-	return engine_forward(E, rows, n, logits);
+	return run_on(E, s, p0, ids, n, all, logits);
 }
 
 static void same_logits(const float *got, const float *want, const char *what)
@@ -421,6 +419,101 @@ static void test_prefix_hit(void **state)
 	free(lw);
 }
 
+/* Records generated tokens; stops generation after stop_at of them (0: never). */
+struct record {
+	uint32_t tokens[16];
+	uint32_t n;
+	uint32_t stop_at;
+};
+
+static int record_token(void *arg, uint32_t token, int eog)
+{
+	struct record *r = arg;
+	assert_false(eog);	/* no tokenizer given: nothing ends generation */
+	assert_true(r->n < 16);
+	r->tokens[r->n++] = token;
+	return r->stop_at && r->n == r->stop_at;
+}
+
+/* Greedy generation with gp (on_token set here) from ids (n,); checks what is left cached. */
+static void generate_case(struct sampler *smp, const uint32_t *ids, uint32_t n,
+			  struct generate_params *gp, struct record *rec,
+			  struct generate_result *res)
+{
+	struct engine_seq s;
+	gp->on_token = record_token;
+	gp->arg = rec;
+	seq_new(&s);
+	assert_int_equal(generate(E, smp, &s, ids, n, gp, res), 0);
+	assert_int_equal(res->n_prompt, n);
+	assert_int_equal(res->n_out, rec->n);
+	/* Every token but the last was fed back. */
+	assert_int_equal(engine_seq_len(&s), n + rec->n - 1);
+	assert_memory_equal(engine_seq_tokens(&s) + n, rec->tokens, (rec->n - 1) * sizeof(uint32_t));
+	engine_seq_release(E, &s);
+}
+
+/*
+ * generate(): a prompt longer than the engine's rows is prefilled in
+ * passes, greedy decoding is the argmax fed back, and each stop (length,
+ * context, caller) ends it where documented.
+ */
+static void test_generate(void **state)
+{
+	(void)state;
+	need_model();
+	const uint32_t v = M->hp.vocab, n = MAX_ROWS + 36;
+	uint32_t ids[MAX_ROWS + 36], want[6];
+	struct sampler_params sp;
+	struct sampler *smp;
+	struct engine_seq ref;
+	float *lg = malloc(v * sizeof(float));
+	assert_non_null(lg);
+	rand_tokens(ids, n, 11);
+	sampler_params_default(&sp);
+	assert_int_equal(sampler_create(&smp, &sp, v), 0);
+
+	/* The reference: two hand-made prefill passes, then argmax and feed. */
+	seq_new(&ref);
+	assert_int_equal(run(&ref, 0, ids, MAX_ROWS, 0, lg), 0);
+	assert_int_equal(run(&ref, MAX_ROWS, ids + MAX_ROWS, n - MAX_ROWS, 0, lg), 0);
+	for (uint32_t t = 0; t < 6; t++) {
+		want[t] = 0;
+		for (uint32_t i = 1; i < v; i++)
+			want[t] = lg[i] > lg[want[t]] ? i : want[t];
+		assert_int_equal(run(&ref, n + t, &want[t], 1, 0, lg), 0);
+	}
+	engine_seq_release(E, &ref);
+
+	struct record rec = {0};
+	struct generate_params gp = { .max_tokens = 6 };
+	struct generate_result res;
+	generate_case(smp, ids, n, &gp, &rec, &res);
+	assert_int_equal(res.stop, GENERATE_LENGTH);
+	assert_memory_equal(rec.tokens, want, sizeof(want));
+
+	/* The context ends as the scheduler ends it: the token sampled at ctx - 1 positions is the last. */
+	rec = (struct record){0};
+	gp = (struct generate_params){ .max_tokens = 6, .ctx = n + 3 };
+	generate_case(smp, ids, n, &gp, &rec, &res);
+	assert_int_equal(res.stop, GENERATE_CONTEXT);
+	assert_int_equal(rec.n, 3);
+	assert_memory_equal(rec.tokens, want, 3 * sizeof(uint32_t));
+
+	rec = (struct record){ .stop_at = 2 };
+	gp = (struct generate_params){ .max_tokens = 6 };
+	generate_case(smp, ids, n, &gp, &rec, &res);
+	assert_int_equal(res.stop, GENERATE_CALLER);
+	assert_int_equal(rec.n, 2);
+
+	struct engine_seq s;
+	seq_new(&s);
+	assert_int_equal(generate(E, smp, &s, ids, 0, &gp, &res), -EINVAL);
+	engine_seq_release(E, &s);
+	sampler_destroy(smp);
+	free(lg);
+}
+
 /* A pool too small for a prompt: -ENOSPC for that request, nothing else lost. */
 static void test_pool_full(void **state)
 {
@@ -585,6 +678,7 @@ int main(void)
 		cmocka_unit_test(test_bad_batches),
 		cmocka_unit_test(test_refused_files),
 		cmocka_unit_test(test_prefix_hit),
+		cmocka_unit_test(test_generate),
 		cmocka_unit_test(test_pool_full),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);

@@ -10,7 +10,9 @@
 #include <cmocka.h>
 
 #include "daemon/engine/engine.h"
+#include "daemon/engine/generate.h"
 #include "daemon/engine/kvpool.h"
+#include "daemon/engine/sampler.h"
 #include "daemon/model/model.h"
 #include "kernels/backend.h"
 
@@ -136,17 +138,7 @@ static int teardown(void **state)
 /* Prefill ids into s in chunks of the engine's row limit; logits of the last row. */
 static int prefill(struct engine_seq *s, const uint32_t *ids, uint32_t n, float *logits)
 {
-	uint32_t max = engine_max_rows(E);
-	struct engine_row *rows = calloc(max, sizeof(*rows));
-	int rc = 0;
-	for (uint32_t p = 0; p < n && !rc; p += max) {
-		uint32_t c = n - p < max ? n - p : max;
-		for (uint32_t i = 0; i < c; i++)
-			rows[i] = (struct engine_row){ s, p + i, ids[p + i], p + i == n - 1 };
-		rc = engine_forward(E, rows, c, logits);
-	}
-	free(rows);
-	return rc;
+	return generate_prefill(E, s, ids, n, logits);
 }
 
 static uint32_t argmax(const float *x, uint32_t n)
@@ -186,41 +178,57 @@ static void test_final_logits(void **state)
 	free(logits);
 }
 
+/* Follows the reference's greedy tokens; stops generation at the first that differs. */
+struct follow {
+	const uint32_t *want;
+	int t;
+	int first_diff;
+};
+
+static int follow_token(void *arg, uint32_t token, int eog)
+{
+	struct follow *f = arg;
+	(void)eog;
+	if (token != f->want[f->t]) {
+		f->first_diff = f->t;
+		return 1;
+	}
+	f->t++;
+	return 0;
+}
+
 static void test_greedy(void **state)
 {
 	(void)state;
-	uint32_t vocab = M->hp.vocab;
-	float *logits = malloc(vocab * sizeof(float));
+	struct sampler_params sp;
+	struct sampler *smp;
 	int same = 0, far = 0;
+	sampler_params_default(&sp);
+	assert_int_equal(sampler_create(&smp, &sp, M->hp.vocab), 0);
 	for (int p = 0; p < n_golden; p++) {
 		struct golden *g = &G[p];
 		struct engine_seq s;
+		struct follow f = { .want = g->greedy, .first_diff = -1 };
+		/* No end-of-generation stop: the reference ran NGEN tokens regardless. */
+		struct generate_params gp = { .max_tokens = NGEN, .on_token = follow_token, .arg = &f };
+		struct generate_result res;
 		engine_seq_init(E, &s, 0);
-		assert_int_equal(prefill(&s, g->ids, g->n, logits), 0);
-		int first_diff = -1;
-		for (int t = 0; t < NGEN; t++) {
-			uint32_t tok = argmax(logits, vocab);
-			if (tok != g->greedy[t]) {
-				first_diff = t;
-				break;
-			}
-			struct engine_row r = { &s, engine_seq_len(&s), tok, 1 };
-			assert_int_equal(engine_forward(E, &r, 1, logits), 0);
-		}
-		if (first_diff < 0) {
+		assert_int_equal(generate(E, smp, &s, g->ids, g->n, &gp, &res), 0);
+		if (f.first_diff < 0) {
+			assert_int_equal(res.n_out, NGEN);
 			same++;
 		} else {
-			float gap = g->top2[first_diff][0] - g->top2[first_diff][1];
+			float gap = g->top2[f.first_diff][0] - g->top2[f.first_diff][1];
 			printf("prompt %d: continuation differs at step %d (ref top-2 gap %.4f)\n", p,
-			       first_diff, gap);
+			       f.first_diff, gap);
 			far += gap > NEAR_TIE;
 		}
 		engine_seq_release(E, &s);
 	}
+	sampler_destroy(smp);
 	printf("greedy continuations identical: %d of %d\n", same, n_golden);
 	assert_true(same >= MIN_SAME_GREEDY);
 	assert_int_equal(far, 0);
-	free(logits);
 }
 
 /*

@@ -345,103 +345,123 @@ static void test_key(void **state)
 
 /* ---- prefix cache ---- */
 
-static void test_prefix_reuse(void **state)
-{
-	(void)state;
-	struct kvpool *p = make_pool(32, 16, 2, 8, KB_F16);
+/* One pool, prompts in uid 5, 6 and the global namespace, and the hit/miss counts expected so far. */
+struct prefix_case {
+	struct kvpool *p;
 	struct kvseq a, b, c, d, e, f, g;
 	uint32_t prompt[49];
-	uint64_t hb = 0, ht = 0, mb = 0, mt = 0;
-	struct kvpool_stats st;
+	uint64_t hb, ht, mb, mt;
+};
 
-#define EXPECT_COUNTS()                                                 \
-	do {                                                            \
-		st = stats(p);                                          \
-		assert_int_equal(st.prefix_hit_blocks, hb);             \
-		assert_int_equal(st.prefix_hit_tokens, ht);             \
-		assert_int_equal(st.prefix_miss_blocks, mb);            \
-		assert_int_equal(st.prefix_miss_tokens, mt);            \
-	} while (0)
+static void expect_counts(const struct prefix_case *x)
+{
+	struct kvpool_stats st = stats(x->p);
+	assert_int_equal(st.prefix_hit_blocks, x->hb);
+	assert_int_equal(st.prefix_hit_tokens, x->ht);
+	assert_int_equal(st.prefix_miss_blocks, x->mb);
+	assert_int_equal(st.prefix_miss_tokens, x->mt);
+}
 
-	for (uint32_t i = 0; i < 49; i++)
-		prompt[i] = 7 * i + 3;
-
+/* One uid: a computes, b, c and d attach what a's full blocks hold. */
+static void prefix_same_uid(struct prefix_case *x)
+{
 	/* a (uid 5) computes 48 tokens: three full blocks get registered. */
-	kvseq_init(&a, 5);
-	assert_int_equal(kvseq_attach_prefix(p, &a, prompt, 48), 0);
-	mb += 3, mt += 48;
-	EXPECT_COUNTS();
-	write_tokens(p, &a, 0, prompt, 48);
-	assert_int_equal(a.n_keyed, 3);
+	kvseq_init(&x->a, 5);
+	assert_int_equal(kvseq_attach_prefix(x->p, &x->a, x->prompt, 48), 0);
+	x->mb += 3, x->mt += 48;
+	expect_counts(x);
+	write_tokens(x->p, &x->a, 0, x->prompt, 48);
+	assert_int_equal(x->a.n_keyed, 3);
 	for (uint32_t i = 0; i < 3; i++)
-		assert_true(kvpool_registered(p, a.blocks[i]));
+		assert_true(kvpool_registered(x->p, x->a.blocks[i]));
 	{
-		const struct kvseq *l[] = { &a };
-		CHECK(p, l, 1);
+		const struct kvseq *l[] = { &x->a };
+		CHECK(x->p, l, 1);
 	}
 
 	/* Same 40-token prompt, same uid: two blocks (32 tokens) reused. */
-	kvseq_init(&b, 5);
-	assert_int_equal(kvseq_attach_prefix(p, &b, prompt, 40), 32);
-	hb += 2, ht += 32, mb += 1, mt += 8;
-	EXPECT_COUNTS();
-	assert_int_equal(b.n_tokens, 32);
-	assert_int_equal(b.n_blocks, 2);
-	assert_int_equal(b.n_keyed, 2);
-	assert_int_equal(b.blocks[0], a.blocks[0]);
-	assert_int_equal(b.blocks[1], a.blocks[1]);
-	assert_int_equal(kvpool_refcount(p, a.blocks[0]), 2);
-	assert_int_equal(kvpool_refcount(p, a.blocks[2]), 1);
-	assert_memory_equal(b.tokens, prompt, 32 * sizeof(uint32_t));
+	kvseq_init(&x->b, 5);
+	assert_int_equal(kvseq_attach_prefix(x->p, &x->b, x->prompt, 40), 32);
+	x->hb += 2, x->ht += 32, x->mb += 1, x->mt += 8;
+	expect_counts(x);
+	assert_int_equal(x->b.n_tokens, 32);
+	assert_int_equal(x->b.n_blocks, 2);
+	assert_int_equal(x->b.n_keyed, 2);
+	assert_int_equal(x->b.blocks[0], x->a.blocks[0]);
+	assert_int_equal(x->b.blocks[1], x->a.blocks[1]);
+	assert_int_equal(kvpool_refcount(x->p, x->a.blocks[0]), 2);
+	assert_int_equal(kvpool_refcount(x->p, x->a.blocks[2]), 1);
+	assert_memory_equal(x->b.tokens, x->prompt, 32 * sizeof(uint32_t));
 
 	/* 48 tokens: the third block holds the last token, so still two. */
-	kvseq_init(&c, 5);
-	assert_int_equal(kvseq_attach_prefix(p, &c, prompt, 48), 32);
-	hb += 2, ht += 32, mb += 1, mt += 16;
-	EXPECT_COUNTS();
+	kvseq_init(&x->c, 5);
+	assert_int_equal(kvseq_attach_prefix(x->p, &x->c, x->prompt, 48), 32);
+	x->hb += 2, x->ht += 32, x->mb += 1, x->mt += 16;
+	expect_counts(x);
 	/* 49 tokens: now the third block is entirely before the last token. */
-	kvseq_init(&d, 5);
-	assert_int_equal(kvseq_attach_prefix(p, &d, prompt, 49), 48);
-	hb += 3, ht += 48, mb += 1, mt += 1;
-	EXPECT_COUNTS();
-	assert_int_equal(d.blocks[2], a.blocks[2]);
-	assert_int_equal(d.last_key, a.last_key);
+	kvseq_init(&x->d, 5);
+	assert_int_equal(kvseq_attach_prefix(x->p, &x->d, x->prompt, 49), 48);
+	x->hb += 3, x->ht += 48, x->mb += 1, x->mt += 1;
+	expect_counts(x);
+	assert_int_equal(x->d.blocks[2], x->a.blocks[2]);
+	assert_int_equal(x->d.last_key, x->a.last_key);
+}
 
+/* Another uid misses; namespace 0 shares among its users; a changed block ends the chain. */
+static void prefix_namespaces(struct prefix_case *x)
+{
 	/* Another uid: no hit, even though the blocks are there. */
-	kvseq_init(&e, 6);
-	assert_int_equal(kvseq_attach_prefix(p, &e, prompt, 48), 0);
-	mb += 3, mt += 48;
-	EXPECT_COUNTS();
-	assert_int_equal(e.n_blocks, 0);
+	kvseq_init(&x->e, 6);
+	assert_int_equal(kvseq_attach_prefix(x->p, &x->e, x->prompt, 48), 0);
+	x->mb += 3, x->mt += 48;
+	expect_counts(x);
+	assert_int_equal(x->e.n_blocks, 0);
 
 	/* Global sharing: namespace 0 shares among everyone who uses it. */
-	kvseq_init(&f, 0);
-	assert_int_equal(kvseq_attach_prefix(p, &f, prompt, 40), 0);
-	mb += 3, mt += 40;
-	write_tokens(p, &f, 0, prompt, 40);
-	kvseq_init(&g, 0);
-	assert_int_equal(kvseq_attach_prefix(p, &g, prompt, 40), 32);
-	hb += 2, ht += 32, mb += 1, mt += 8;
-	EXPECT_COUNTS();
-	assert_int_equal(g.blocks[1], f.blocks[1]);
-	assert_int_not_equal(g.blocks[0], a.blocks[0]);
+	kvseq_init(&x->f, 0);
+	assert_int_equal(kvseq_attach_prefix(x->p, &x->f, x->prompt, 40), 0);
+	x->mb += 3, x->mt += 40;
+	write_tokens(x->p, &x->f, 0, x->prompt, 40);
+	kvseq_init(&x->g, 0);
+	assert_int_equal(kvseq_attach_prefix(x->p, &x->g, x->prompt, 40), 32);
+	x->hb += 2, x->ht += 32, x->mb += 1, x->mt += 8;
+	expect_counts(x);
+	assert_int_equal(x->g.blocks[1], x->f.blocks[1]);
+	assert_int_not_equal(x->g.blocks[0], x->a.blocks[0]);
 
 	/* Tokens differing in the second block: only the first hits. */
 	uint32_t other[40];
-	memcpy(other, prompt, sizeof(other));
+	memcpy(other, x->prompt, sizeof(other));
 	other[20] = 999;
-	kvseq_release(p, &g);
-	kvseq_init(&g, 0);
-	assert_int_equal(kvseq_attach_prefix(p, &g, other, 40), 16);
-	hb += 1, ht += 16, mb += 2, mt += 24;
-	EXPECT_COUNTS();
+	kvseq_release(x->p, &x->g);
+	kvseq_init(&x->g, 0);
+	assert_int_equal(kvseq_attach_prefix(x->p, &x->g, other, 40), 16);
+	x->hb += 1, x->ht += 16, x->mb += 2, x->mt += 24;
+	expect_counts(x);
 
 	/* Empty and misused attaches count nothing. */
-	assert_int_equal(kvseq_attach_prefix(p, &e, prompt, 0), 0);
-	assert_int_equal(kvseq_attach_prefix(p, &g, prompt, 40), -EINVAL);	/* g not empty */
-	EXPECT_COUNTS();
+	assert_int_equal(kvseq_attach_prefix(x->p, &x->e, x->prompt, 0), 0);
+	assert_int_equal(kvseq_attach_prefix(x->p, &x->g, x->prompt, 40), -EINVAL);	/* g not empty */
+	expect_counts(x);
+}
 
-	const struct kvseq *l[] = { &a, &b, &c, &d, &e, &f, &g };
+static void test_prefix_reuse(void **state)
+{
+	(void)state;
+	struct prefix_case *x = calloc(1, sizeof(*x));
+	assert_non_null(x);
+	x->p = make_pool(32, 16, 2, 8, KB_F16);
+	struct kvpool *p = x->p;
+	struct kvseq *a = &x->a, *b = &x->b, *c = &x->c, *d = &x->d, *e = &x->e, *f = &x->f;
+	struct kvseq *g = &x->g;
+	struct kvpool_stats st;
+
+	for (uint32_t i = 0; i < 49; i++)
+		x->prompt[i] = 7 * i + 3;
+	prefix_same_uid(x);
+	prefix_namespaces(x);
+
+	const struct kvseq *l[] = { a, b, c, d, e, f, g };
 	CHECK(p, l, 7);
 	st = stats(p);
 	assert_int_equal(st.tokens_stored, 48 + 32 + 32 + 48 + 0 + 40 + 16);
@@ -449,13 +469,13 @@ static void test_prefix_reuse(void **state)
 	/* Distinct blocks: a's three, f's three (its third is partial), none else. */
 	assert_int_equal(st.blocks_in_use, 6);
 
-	kvseq_release(p, &a);
-	kvseq_release(p, &b);
-	kvseq_release(p, &c);
-	kvseq_release(p, &d);
-	kvseq_release(p, &e);
-	kvseq_release(p, &f);
-	kvseq_release(p, &g);
+	kvseq_release(p, a);
+	kvseq_release(p, b);
+	kvseq_release(p, c);
+	kvseq_release(p, d);
+	kvseq_release(p, e);
+	kvseq_release(p, f);
+	kvseq_release(p, g);
 	CHECK(p, NULL, 0);
 	st = stats(p);
 	assert_int_equal(st.blocks_in_use, 0);
@@ -464,12 +484,12 @@ static void test_prefix_reuse(void **state)
 	assert_int_equal(st.slots_allocated, 0);
 
 	/* Cached blocks still serve a new prompt after everyone left. */
-	kvseq_init(&a, 5);
-	assert_int_equal(kvseq_attach_prefix(p, &a, prompt, 49), 48);
+	kvseq_init(a, 5);
+	assert_int_equal(kvseq_attach_prefix(p, a, x->prompt, 49), 48);
 	assert_int_equal(stats(p).blocks_cached, 2);
-	kvseq_release(p, &a);
+	kvseq_release(p, a);
 	kvpool_destroy(p);
-#undef EXPECT_COUNTS
+	free(x);
 }
 
 /* Two sequences compute the same prefix: the loser's block stays private, its chain goes on. */
@@ -569,78 +589,74 @@ static void test_lru_eviction(void **state)
 
 /* ---- writes ---- */
 
-static void test_cow_fork(void **state)
+/* b forks a, is refused a write to the shared block, then writes into its own copy. */
+static void cow_on_write(struct kvpool *p, struct kvseq *a, struct kvseq *b, const uint32_t *toks,
+			 uint8_t *snap)
 {
-	(void)state;
-	struct kvpool *p = make_pool(8, 16, 2, 8, KB_F16);
 	size_t bb = kvpool_block_bytes(p);
-	uint32_t toks[40];
-	struct kvseq a, b;
-	uint8_t *snap = malloc(bb);
 
-	assert_non_null(snap);
-	for (uint32_t i = 0; i < 40; i++)
-		toks[i] = i + 100;
-	kvseq_init(&a, 1);
-	write_tokens(p, &a, 0, toks, 20);	/* block 1 holds positions 16..19 */
-	memset(kvpool_block(p, a.blocks[1]) + row_off(p, 1, 0, 8), 0x5a, 8);	/* past the marker rows */
-	memcpy(snap, kvpool_block(p, a.blocks[1]), bb);
-
-	kvseq_init(&b, 99);
-	assert_int_equal(kvseq_fork(p, &b, &a), 0);
-	assert_int_equal(b.ns, 1);	/* a fork continues its source's key chain */
-	assert_int_equal(b.n_tokens, 20);
-	assert_int_equal(b.blocks[0], a.blocks[0]);
-	assert_int_equal(b.blocks[1], a.blocks[1]);
-	assert_int_equal(kvpool_refcount(p, a.blocks[1]), 2);
+	kvseq_init(b, 99);
+	assert_int_equal(kvseq_fork(p, b, a), 0);
+	assert_int_equal(b->ns, 1);	/* a fork continues its source's key chain */
+	assert_int_equal(b->n_tokens, 20);
+	assert_int_equal(b->blocks[0], a->blocks[0]);
+	assert_int_equal(b->blocks[1], a->blocks[1]);
+	assert_int_equal(kvpool_refcount(p, a->blocks[1]), 2);
 	{
-		const struct kvseq *l[] = { &a, &b };
+		const struct kvseq *l[] = { a, b };
 		CHECK(p, l, 2);
 	}
 
 	/* Writing the shared partial block without prepare is refused. */
-	assert_int_equal(kvseq_commit(p, &b, 20, 21, toks + 20), -EINVAL);
-	assert_int_equal(kvseq_commit(p, &b, 19, 21, toks + 19), -EINVAL);	/* from != n_tokens */
-	assert_int_equal(b.n_tokens, 20);
+	assert_int_equal(kvseq_commit(p, b, 20, 21, toks + 20), -EINVAL);
+	assert_int_equal(kvseq_commit(p, b, 19, 21, toks + 19), -EINVAL);	/* from != n_tokens */
+	assert_int_equal(b->n_tokens, 20);
 
 	/* b writes position 20: it gets a copy, a's block is untouched. */
-	assert_int_equal(kvseq_prepare(p, &b, 20, 21), 0);
+	assert_int_equal(kvseq_prepare(p, b, 20, 21), 0);
 	assert_int_equal(stats(p).cow_copies, 1);
-	assert_int_not_equal(b.blocks[1], a.blocks[1]);
-	assert_int_equal(b.blocks[0], a.blocks[0]);	/* the full block stays shared */
-	assert_int_equal(kvpool_refcount(p, a.blocks[1]), 1);
-	assert_int_equal(kvpool_refcount(p, b.blocks[1]), 1);
-	assert_memory_equal(kvpool_block(p, b.blocks[1]), snap, bb);
-	put_marker(p, &b, 20, 0xdeadbeefcafef00dull);
-	put_marker(p, &b, 16, 0x1111);	/* even rewriting an old slot only touches the copy */
-	assert_int_equal(kvseq_commit(p, &b, 20, 21, toks + 20), 0);
-	assert_memory_equal(kvpool_block(p, a.blocks[1]), snap, bb);
+	assert_int_not_equal(b->blocks[1], a->blocks[1]);
+	assert_int_equal(b->blocks[0], a->blocks[0]);	/* the full block stays shared */
+	assert_int_equal(kvpool_refcount(p, a->blocks[1]), 1);
+	assert_int_equal(kvpool_refcount(p, b->blocks[1]), 1);
+	assert_memory_equal(kvpool_block(p, b->blocks[1]), snap, bb);
+	put_marker(p, b, 20, 0xdeadbeefcafef00dull);
+	put_marker(p, b, 16, 0x1111);	/* even rewriting an old slot only touches the copy */
+	assert_int_equal(kvseq_commit(p, b, 20, 21, toks + 20), 0);
+	assert_memory_equal(kvpool_block(p, a->blocks[1]), snap, bb);
 	{
-		const struct kvseq *l[] = { &a, &b };
+		const struct kvseq *l[] = { a, b };
 		CHECK(p, l, 2);
 	}
+}
+
+/* A registered full block that a truncating rewrite touches is copied, the old one cached. */
+static void cow_after_truncate(struct kvpool *p, struct kvseq *a, struct kvseq *b,
+			       const uint32_t *toks, uint8_t *snap)
+{
+	size_t bb = kvpool_block_bytes(p);
 
 	/* a now holds its partial block alone and unregistered: no copy. */
-	assert_int_equal(kvseq_prepare(p, &a, 20, 21), 0);
+	assert_int_equal(kvseq_prepare(p, a, 20, 21), 0);
 	assert_int_equal(stats(p).cow_copies, 1);
-	assert_int_equal(kvseq_commit(p, &a, 20, 21, toks + 20), 0);
+	assert_int_equal(kvseq_commit(p, a, 20, 21, toks + 20), 0);
 
 	/* a fills block 1 (registered), then truncates into it and rewrites: copy. */
-	write_tokens(p, &a, 21, toks + 21, 11);
-	uint32_t full = a.blocks[1];
-	uint64_t key1 = a.last_key;
+	write_tokens(p, a, 21, toks + 21, 11);
+	uint32_t full = a->blocks[1];
+	uint64_t key1 = a->last_key;
 	assert_true(kvpool_registered(p, full));
 	memcpy(snap, kvpool_block(p, full), bb);
-	assert_int_equal(kvseq_prepare(p, &a, 24, 24), 0);	/* truncation alone copies nothing */
-	assert_int_equal(a.n_tokens, 24);
-	assert_int_equal(a.n_keyed, 1);
-	assert_true(a.last_key == kvpool_key(0, 1, toks, 16));
-	assert_int_equal(a.blocks[1], full);
+	assert_int_equal(kvseq_prepare(p, a, 24, 24), 0);	/* truncation alone copies nothing */
+	assert_int_equal(a->n_tokens, 24);
+	assert_int_equal(a->n_keyed, 1);
+	assert_true(a->last_key == kvpool_key(0, 1, toks, 16));
+	assert_int_equal(a->blocks[1], full);
 	assert_int_equal(stats(p).cow_copies, 1);
 	uint32_t alt[8] = { 1, 2, 3, 4, 5, 6, 7, 8 };
-	write_tokens(p, &a, 24, alt, 8);
+	write_tokens(p, a, 24, alt, 8);
 	assert_int_equal(stats(p).cow_copies, 2);
-	assert_int_not_equal(a.blocks[1], full);
+	assert_int_not_equal(a->blocks[1], full);
 	assert_memory_equal(kvpool_block(p, full), snap, bb);
 	/* The old block is cached under its old key, the new one under the new chain. */
 	assert_int_equal(kvpool_refcount(p, full), 0);
@@ -652,27 +668,51 @@ static void test_cow_fork(void **state)
 	uint32_t mixed[32];
 	memcpy(mixed, toks, 24 * sizeof(uint32_t));
 	memcpy(mixed + 24, alt, sizeof(alt));
-	assert_true(a.last_key == kvpool_key(kvpool_key(0, 1, mixed, 16), 1, mixed + 16, 16));
-	assert_true(kvpool_registered(p, a.blocks[1]));
+	assert_true(a->last_key == kvpool_key(kvpool_key(0, 1, mixed, 16), 1, mixed + 16, 16));
+	assert_true(kvpool_registered(p, a->blocks[1]));
 	{
-		const struct kvseq *l[] = { &a, &b };
+		const struct kvseq *l[] = { a, b };
 		CHECK(p, l, 2);
 	}
+}
 
-	/* A fork between prepare and commit shares only the written positions. */
-	struct kvseq c;
-	assert_int_equal(kvseq_prepare(p, &a, 32, 50), 0);
-	assert_int_equal(a.n_blocks, 4);
-	kvseq_init(&c, 1);
-	assert_int_equal(kvseq_fork(p, &c, &a), 0);
-	assert_int_equal(c.n_blocks, 2);
-	assert_int_equal(c.n_tokens, 32);
-	assert_int_equal(kvpool_refcount(p, a.blocks[2]), 1);
-	assert_int_equal(kvseq_commit(p, &a, 32, 40, toks), 0);
+/* A fork between prepare and commit shares only the written positions. */
+static void fork_prepared(struct kvpool *p, struct kvseq *a, struct kvseq *b, struct kvseq *c,
+			  const uint32_t *toks)
+{
+	assert_int_equal(kvseq_prepare(p, a, 32, 50), 0);
+	assert_int_equal(a->n_blocks, 4);
+	kvseq_init(c, 1);
+	assert_int_equal(kvseq_fork(p, c, a), 0);
+	assert_int_equal(c->n_blocks, 2);
+	assert_int_equal(c->n_tokens, 32);
+	assert_int_equal(kvpool_refcount(p, a->blocks[2]), 1);
+	assert_int_equal(kvseq_commit(p, a, 32, 40, toks), 0);
 	{
-		const struct kvseq *l[] = { &a, &b, &c };
+		const struct kvseq *l[] = { a, b, c };
 		CHECK(p, l, 3);
 	}
+}
+
+static void test_cow_fork(void **state)
+{
+	(void)state;
+	struct kvpool *p = make_pool(8, 16, 2, 8, KB_F16);
+	size_t bb = kvpool_block_bytes(p);
+	uint32_t toks[40];
+	struct kvseq a, b, c;
+	uint8_t *snap = malloc(bb);
+
+	assert_non_null(snap);
+	for (uint32_t i = 0; i < 40; i++)
+		toks[i] = i + 100;
+	kvseq_init(&a, 1);
+	write_tokens(p, &a, 0, toks, 20);	/* block 1 holds positions 16..19 */
+	memset(kvpool_block(p, a.blocks[1]) + row_off(p, 1, 0, 8), 0x5a, 8);	/* past the marker rows */
+	memcpy(snap, kvpool_block(p, a.blocks[1]), bb);
+	cow_on_write(p, &a, &b, toks, snap);
+	cow_after_truncate(p, &a, &b, toks, snap);
+	fork_prepared(p, &a, &b, &c, toks);
 
 	kvseq_release(p, &a);
 	kvseq_release(p, &b);
@@ -688,6 +728,35 @@ static int seq_equal(const struct kvseq *x, const struct kvseq *y)
 	       x->n_keyed == y->n_keyed && x->last_key == y->last_key && x->ns == y->ns &&
 	       !memcmp(x->blocks, y->blocks, x->n_blocks * sizeof(uint32_t)) &&
 	       !memcmp(x->tokens, y->tokens, x->n_tokens * sizeof(uint32_t));
+}
+
+/* A failing prepare that truncates keeps only the truncation; bad ranges change nothing. */
+static void enospc_truncate(struct kvpool *p, struct kvseq *a, const struct kvseq *const *l,
+			    const uint32_t *toks)
+{
+	struct kvpool_stats before, after;
+
+	/* A truncating prepare that fails keeps the truncation, and nothing else. */
+	before = stats(p);
+	assert_int_equal(kvseq_prepare(p, a, 3, 40), -ENOSPC);
+	after = stats(p);
+	assert_int_equal(a->n_tokens, 3);
+	assert_int_equal(a->n_blocks, 1);
+	assert_int_equal(a->n_keyed, 0);
+	assert_true(a->last_key == 0);
+	assert_int_equal(after.tokens_stored, before.tokens_stored - 5);
+	assert_int_equal(after.slots_allocated, before.slots_allocated - 4);
+	assert_int_equal(after.evictions, before.evictions);
+	assert_int_equal(after.cow_copies, before.cow_copies);
+	CHECK(p, l, 3);
+
+	/* Bad ranges. */
+	assert_int_equal(kvseq_prepare(p, a, 4, 8), -EINVAL);	/* from past n_tokens */
+	assert_int_equal(kvseq_prepare(p, a, 2, 1), -EINVAL);
+	assert_int_equal(kvseq_prepare(p, a, 0, UINT32_MAX), -EINVAL);
+	assert_int_equal(kvseq_commit(p, a, 3, 9, toks), -EINVAL);	/* past prepared blocks */
+	assert_int_equal(a->n_tokens, 3);
+	CHECK(p, l, 3);
 }
 
 static void test_enospc_rollback(void **state)
@@ -753,27 +822,7 @@ static void test_enospc_rollback(void **state)
 	assert_int_equal(kvseq_commit(p, &c, 2, 12, toks + 2), 0);
 	CHECK(p, l, 3);
 
-	/* A truncating prepare that fails keeps the truncation, and nothing else. */
-	before = stats(p);
-	assert_int_equal(kvseq_prepare(p, &a, 3, 40), -ENOSPC);
-	after = stats(p);
-	assert_int_equal(a.n_tokens, 3);
-	assert_int_equal(a.n_blocks, 1);
-	assert_int_equal(a.n_keyed, 0);
-	assert_true(a.last_key == 0);
-	assert_int_equal(after.tokens_stored, before.tokens_stored - 5);
-	assert_int_equal(after.slots_allocated, before.slots_allocated - 4);
-	assert_int_equal(after.evictions, before.evictions);
-	assert_int_equal(after.cow_copies, before.cow_copies);
-	CHECK(p, l, 3);
-
-	/* Bad ranges. */
-	assert_int_equal(kvseq_prepare(p, &a, 4, 8), -EINVAL);	/* from past n_tokens */
-	assert_int_equal(kvseq_prepare(p, &a, 2, 1), -EINVAL);
-	assert_int_equal(kvseq_prepare(p, &a, 0, UINT32_MAX), -EINVAL);
-	assert_int_equal(kvseq_commit(p, &a, 3, 9, toks), -EINVAL);	/* past prepared blocks */
-	assert_int_equal(a.n_tokens, 3);
-	CHECK(p, l, 3);
+	enospc_truncate(p, &a, l, toks);
 
 	free(saved.blocks);
 	free(saved.tokens);
@@ -994,6 +1043,41 @@ static void r_extend(struct rnd_state *r, struct shadow *h, uint32_t from)
 	r_append(r, h, from, toks, k);
 }
 
+/* h (not live) becomes a fork of a random live sequence; 0 if the one drawn is not live. */
+static int r_fork(struct rnd_state *r, struct shadow *h)
+{
+	struct shadow *src = &r->sh[rnd(r, R_SEQS)];
+	if (!src->live)
+		return 0;
+	kvseq_init(&h->s, 12345);
+	assert_int_equal(kvseq_fork(r->p, &h->s, &src->s), 0);
+	memcpy(h->tok, src->tok, src->n * sizeof(uint32_t));
+	memcpy(h->mk, src->mk, src->n * sizeof(uint64_t));
+	h->n = src->n;
+	h->live = 1;
+	return 1;
+}
+
+/* Look up a random key ever registered; 0 if the slot drawn was never used. */
+static int r_lookup(struct rnd_state *r)
+{
+	unsigned k = rnd(r, R_KEYS);
+	uint32_t id;
+	if (!r->keys[k].used)
+		return 0;
+	if (kvpool_lookup(r->p, r->keys[k].key, &id) == 0) {
+		/* A key still present must still hold its content. */
+		struct kvseq one = { .blocks = &id, .n_blocks = 1 };
+		expect_marker(r->p, &one, 0, r->keys[k].first);
+		expect_marker(r->p, &one, r->bt - 1, r->keys[k].last);
+		kvpool_unref(r->p, id);
+		r->lookups_hit++;
+	} else {
+		r->lookups_miss++;
+	}
+	return 1;
+}
+
 static void run_random(uint32_t bt, uint64_t seed, unsigned ops)
 {
 	struct rnd_state *r = calloc(1, sizeof(*r));
@@ -1017,16 +1101,8 @@ static void run_random(uint32_t bt, uint64_t seed, unsigned ops)
 		if (!h->live) {
 			if (what < 60) {
 				r_new(r, h);
-			} else {
-				struct shadow *src = &r->sh[rnd(r, R_SEQS)];
-				if (!src->live)
-					continue;
-				kvseq_init(&h->s, 12345);
-				assert_int_equal(kvseq_fork(r->p, &h->s, &src->s), 0);
-				memcpy(h->tok, src->tok, src->n * sizeof(uint32_t));
-				memcpy(h->mk, src->mk, src->n * sizeof(uint64_t));
-				h->n = src->n;
-				h->live = 1;
+			} else if (!r_fork(r, h)) {
+				continue;
 			}
 		} else if (what < 55) {
 			r_extend(r, h, h->n);
@@ -1035,21 +1111,8 @@ static void run_random(uint32_t bt, uint64_t seed, unsigned ops)
 		} else if (what < 85) {
 			kvseq_release(r->p, &h->s);
 			h->live = 0;
-		} else {
-			unsigned k = rnd(r, R_KEYS);
-			uint32_t id;
-			if (!r->keys[k].used)
-				continue;
-			if (kvpool_lookup(r->p, r->keys[k].key, &id) == 0) {
-				/* A key still present must still hold its content. */
-				struct kvseq one = { .blocks = &id, .n_blocks = 1 };
-				expect_marker(r->p, &one, 0, r->keys[k].first);
-				expect_marker(r->p, &one, bt - 1, r->keys[k].last);
-				kvpool_unref(r->p, id);
-				r->lookups_hit++;
-			} else {
-				r->lookups_miss++;
-			}
+		} else if (!r_lookup(r)) {
+			continue;
 		}
 		check_all(r);
 		if (h->live)

@@ -225,9 +225,29 @@ uint32_t engine_max_rows(const struct engine *e)
 	return e->max_rows;
 }
 
+const struct model *engine_model(const struct engine *e)
+{
+	return e->m;
+}
+
 struct kvpool *engine_pool(const struct engine *e)
 {
 	return e->pool;
+}
+
+uint32_t engine_pool_block_tokens(const struct engine *e)
+{
+	return kvpool_config(e->pool)->block_tokens;
+}
+
+uint32_t engine_pool_blocks(const struct engine *e)
+{
+	return kvpool_config(e->pool)->n_blocks;
+}
+
+void engine_pool_stats(const struct engine *e, struct kvpool_stats *out)
+{
+	kvpool_get_stats(e->pool, out);
 }
 
 size_t engine_scratch_bytes(const struct engine *e)
@@ -244,6 +264,11 @@ void engine_seq_init(struct engine *e, struct engine_seq *s, uint32_t ns)
 void engine_seq_release(struct engine *e, struct engine_seq *s)
 {
 	kvseq_release(e->pool, &s->kv);
+}
+
+int engine_seq_prepare(struct engine *e, struct engine_seq *s, uint32_t from, uint32_t to)
+{
+	return kvseq_prepare(e->pool, &s->kv, from, to);
 }
 
 int engine_seq_attach_prefix(struct engine *e, struct engine_seq *s, const uint32_t *tokens,

@@ -30,7 +30,18 @@ int engine_create(struct engine **out, struct model *m, struct backend *be,
 		  struct kvpool *pool, uint32_t max_rows);
 void engine_destroy(struct engine *e);
 uint32_t engine_max_rows(const struct engine *e);
+/* The model it runs: vocab and ctx_len size a caller's logits and sequences. */
+const struct model *engine_model(const struct engine *e);
 struct kvpool *engine_pool(const struct engine *e);
+
+/*
+ * The pool as a scheduler sees it, so serve/ needs no kvpool_* call: its
+ * geometry (tokens per block, blocks in all) for admission and HELLO, and
+ * its counters (see struct kvpool_stats) after each step.
+ */
+uint32_t engine_pool_block_tokens(const struct engine *e);
+uint32_t engine_pool_blocks(const struct engine *e);
+void engine_pool_stats(const struct engine *e, struct kvpool_stats *out);
 
 /* ns: the prefix-cache namespace (the owner's uid, or 0 for global sharing). */
 void engine_seq_init(struct engine *e, struct engine_seq *s, uint32_t ns);
@@ -40,6 +51,28 @@ static inline uint32_t engine_seq_len(const struct engine_seq *s)
 {
 	return s->kv.n_tokens;
 }
+/* Blocks in its table: the cached positions' and any prepared ahead. */
+static inline uint32_t engine_seq_blocks(const struct engine_seq *s)
+{
+	return s->kv.n_blocks;
+}
+/* Token ids at positions [0, engine_seq_len): the sampler's history. */
+static inline const uint32_t *engine_seq_tokens(const struct engine_seq *s)
+{
+	return s->kv.tokens;
+}
+/* Its prefix-cache namespace, as given to engine_seq_init. */
+static inline uint32_t engine_seq_ns(const struct engine_seq *s)
+{
+	return s->kv.ns;
+}
+/*
+ * Reserve blocks for positions [from, to) before a step, so a scheduler
+ * learns of -ENOSPC while it can still preempt someone (kvseq_prepare's
+ * contract: nothing is lost on failure). engine_forward prepares what is
+ * missing itself; blocks prepared here are simply found ready.
+ */
+int engine_seq_prepare(struct engine *e, struct engine_seq *s, uint32_t from, uint32_t to);
 /*
  * Before prefilling tokens (n,) into an empty sequence: reuse cached blocks
  * of its prefix. Returns how many leading tokens need no computing.

@@ -4,7 +4,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -13,6 +12,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include "daemon/log.h"
 
 /* Values are read in place from the mapping, so the host must match the file. */
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -48,18 +48,8 @@ struct rd {
 	size_t errlen;
 };
 
-__attribute__((format(printf, 3, 4)))
-static int fail(struct rd *r, int ret, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (r->err && r->errlen) {
-		va_start(ap, fmt);
-		vsnprintf(r->err, r->errlen, fmt, ap);
-		va_end(ap);
-	}
-	return ret;
-}
+/* The reader's error string: log_errf into the caller's buffer. */
+#define fail(r, ret, ...) log_errf((r)->err, (r)->errlen, (ret), __VA_ARGS__)
 
 /*
  * Quote a name from the file for a message: bounded, control bytes replaced,

@@ -1,24 +1,14 @@
 /* model.c — maps a Llama-family GGUF into struct model, checking every shape against the metadata. */
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "daemon/model/gguf.h"
 #include "daemon/model/model.h"
+#include "daemon/log.h"
 
 /* Architectures that share Llama's tensor layout and forward pass. */
 static const char *const llama_family[] = { "llama", "mistral", NULL };
-
-static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	if (errlen)
-		vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-	return rc;
-}
 
 static int arch_key(const struct model *m, const char *suffix, char *key, size_t len)
 {
@@ -35,7 +25,7 @@ static int get_u32(const struct model *m, const char *suffix, uint32_t *v, int r
 	if (rc == -ENOENT && !required)
 		return 0;
 	if (rc)
-		return fail(err, errlen, -EINVAL, "metadata '%s': %s", key,
+		return log_errf(err, errlen, -EINVAL, "metadata '%s': %s", key,
 			    rc == -ENOENT ? "missing" : "not an unsigned integer");
 	return 0;
 }
@@ -46,7 +36,7 @@ static int get_f32(const struct model *m, const char *suffix, float *v, char *er
 	arch_key(m, suffix, key, sizeof(key));
 	int rc = gguf_get_f32(m->gguf, key, v);
 	if (rc && rc != -ENOENT)
-		return fail(err, errlen, -EINVAL, "metadata '%s': not a float", key);
+		return log_errf(err, errlen, -EINVAL, "metadata '%s': not a float", key);
 	return 0;
 }
 
@@ -56,17 +46,17 @@ static int bind(struct model *m, const char *name, struct kb_weight *w, uint64_t
 {
 	const struct gguf_tensor *t = gguf_find_tensor(m->gguf, name);
 	if (!t)
-		return fail(err, errlen, -EINVAL, "tensor '%s': missing", name);
+		return log_errf(err, errlen, -EINVAL, "tensor '%s': missing", name);
 	uint64_t want_rows = rows ? rows : 1;
 	if (t->ne[0] != cols || t->ne[1] != want_rows || t->ne[2] != 1 || t->ne[3] != 1)
-		return fail(err, errlen, -EINVAL,
+		return log_errf(err, errlen, -EINVAL,
 			    "tensor '%s': shape [%llu, %llu, %llu, %llu], expected [%llu, %llu]",
 			    name, (unsigned long long)t->ne[0], (unsigned long long)t->ne[1],
 			    (unsigned long long)t->ne[2], (unsigned long long)t->ne[3],
 			    (unsigned long long)cols, (unsigned long long)want_rows);
 	uint32_t be, bb;
 	if (kb_type_block(t->type, &be, &bb))
-		return fail(err, errlen, -ENOTSUP, "tensor '%s': type %s not supported by the backend",
+		return log_errf(err, errlen, -ENOTSUP, "tensor '%s': type %s not supported by the backend",
 			    name, gguf_type_name(t->type));
 	w->data = t->data;
 	w->type = t->type;
@@ -85,7 +75,7 @@ static int bind_norm(struct model *m, const char *name, const float **out, uint3
 	if (rc)
 		return rc;
 	if (w.type != KB_F32)
-		return fail(err, errlen, -ENOTSUP, "tensor '%s': norm weights must be F32, not %s",
+		return log_errf(err, errlen, -ENOTSUP, "tensor '%s': norm weights must be F32, not %s",
 			    name, gguf_type_name(w.type));
 	*out = w.data;
 	return 0;
@@ -96,9 +86,9 @@ static int load_hparams(struct model *m, const char *path, char *err, size_t err
 	struct model_hparams *hp = &m->hp;
 	struct gguf_str s;
 	if (gguf_get_str(m->gguf, "general.architecture", &s))
-		return fail(err, errlen, -EINVAL, "metadata 'general.architecture': missing");
+		return log_errf(err, errlen, -EINVAL, "metadata 'general.architecture': missing");
 	if (s.len >= sizeof(hp->arch))
-		return fail(err, errlen, -ENOTSUP, "unsupported architecture '%.*s'",
+		return log_errf(err, errlen, -ENOTSUP, "unsupported architecture '%.*s'",
 			    (int)(s.len > 64 ? 64 : s.len), s.ptr);
 	memcpy(hp->arch, s.ptr, s.len);
 	hp->arch[s.len] = 0;
@@ -106,7 +96,7 @@ static int load_hparams(struct model *m, const char *path, char *err, size_t err
 	for (int i = 0; llama_family[i]; i++)
 		ok |= !strcmp(hp->arch, llama_family[i]);
 	if (!ok)
-		return fail(err, errlen, -ENOTSUP,
+		return log_errf(err, errlen, -ENOTSUP,
 			    "unsupported architecture '%s' (kvd runs the llama family)", hp->arch);
 	if (!gguf_get_str(m->gguf, "general.name", &s) && s.len) {
 		size_t n = s.len < sizeof(hp->name) - 1 ? s.len : sizeof(hp->name) - 1;
@@ -130,7 +120,7 @@ static int load_hparams(struct model *m, const char *path, char *err, size_t err
 	    hp->n_heads == 0 || hp->dim % hp->n_heads || hp->n_kv_heads == 0 ||
 	    hp->n_heads % hp->n_kv_heads || hp->ffn_dim == 0 || hp->ffn_dim > 1u << 20 ||
 	    hp->ctx_len == 0)
-		return fail(err, errlen, -EINVAL,
+		return log_errf(err, errlen, -EINVAL,
 			    "inconsistent hyperparameters: layers %u dim %u heads %u kv_heads %u ffn %u ctx %u",
 			    hp->n_layers, hp->dim, hp->n_heads, hp->n_kv_heads, hp->ffn_dim,
 			    hp->ctx_len);
@@ -140,7 +130,7 @@ static int load_hparams(struct model *m, const char *path, char *err, size_t err
 	if ((rc = get_u32(m, "rope.dimension_count", &hp->rot_dim, 0, err, errlen)))
 		return rc;
 	if (hp->rot_dim == 0 || hp->rot_dim > hp->head_dim || hp->rot_dim % 2)
-		return fail(err, errlen, -EINVAL, "metadata '%s.rope.dimension_count': %u does not fit head_dim %u",
+		return log_errf(err, errlen, -EINVAL, "metadata '%s.rope.dimension_count': %u does not fit head_dim %u",
 			    hp->arch, hp->rot_dim, hp->head_dim);
 	hp->rope_theta = 10000.0f;
 	hp->norm_eps = 1e-5f;
@@ -148,7 +138,7 @@ static int load_hparams(struct model *m, const char *path, char *err, size_t err
 	    (rc = get_f32(m, "attention.layer_norm_rms_epsilon", &hp->norm_eps, err, errlen)))
 		return rc;
 	if (!(hp->rope_theta > 1.0f) || !(hp->norm_eps > 0.0f))
-		return fail(err, errlen, -EINVAL, "bad rope theta %g or norm epsilon %g",
+		return log_errf(err, errlen, -EINVAL, "bad rope theta %g or norm epsilon %g",
 			    (double)hp->rope_theta, (double)hp->norm_eps);
 	/* GGUF stores Llama's Q/K rows permuted so that RoPE rotates adjacent pairs. */
 	hp->rope_neox = 0;
@@ -160,10 +150,10 @@ static int load_weights(struct model *m, char *err, size_t errlen)
 	struct model_hparams *hp = &m->hp;
 	const struct gguf_tensor *te = gguf_find_tensor(m->gguf, "token_embd.weight");
 	if (!te)
-		return fail(err, errlen, -EINVAL, "tensor 'token_embd.weight': missing");
+		return log_errf(err, errlen, -EINVAL, "tensor 'token_embd.weight': missing");
 	hp->vocab = (uint32_t)te->ne[1];
 	if (te->ne[1] == 0 || te->ne[1] > 1u << 24)
-		return fail(err, errlen, -EINVAL, "tensor 'token_embd.weight': vocabulary of %llu",
+		return log_errf(err, errlen, -EINVAL, "tensor 'token_embd.weight': vocabulary of %llu",
 			    (unsigned long long)te->ne[1]);
 	int rc = bind(m, "token_embd.weight", &m->tok_embd, hp->dim, hp->vocab, err, errlen);
 	if (rc)
@@ -178,7 +168,7 @@ static int load_weights(struct model *m, char *err, size_t errlen)
 		hp->tied_output = 1;
 	}
 	if (gguf_find_tensor(m->gguf, "blk.0.attn_q.bias"))
-		return fail(err, errlen, -ENOTSUP, "tensor 'blk.0.attn_q.bias': attention biases are not supported");
+		return log_errf(err, errlen, -ENOTSUP, "tensor 'blk.0.attn_q.bias': attention biases are not supported");
 
 	m->layers = calloc(hp->n_layers, sizeof(*m->layers));
 	if (!m->layers)

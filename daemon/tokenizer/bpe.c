@@ -7,6 +7,7 @@
 #include "daemon/model/gguf.h"
 #include "daemon/tokenizer/tokenizer_int.h"
 #include "daemon/tokenizer/unicode.h"
+#include "daemon/log.h"
 
 /*
  * GPT-2's bytes_to_unicode(): printable Latin-1 bytes stand for
@@ -104,7 +105,7 @@ static int pick_pre(struct tokenizer *t, const struct gguf_file *f, char *err, s
 		t->add_bos = k_pre[i].add_bos;
 		return 0;
 	}
-	snprintf(err, errlen, "unknown pre-tokenizer '%.*s' (tokenizer.ggml.pre)",
+	log_errf(err, errlen, 0, "unknown pre-tokenizer '%.*s' (tokenizer.ggml.pre)",
 		 (int)(pre.len > 64 ? 64 : pre.len), pre.ptr);
 	return -ENOTSUP;
 }
@@ -159,11 +160,11 @@ static int load_merges(struct tokenizer *t, const struct gguf_file *f, char *err
 	char stack[512];
 
 	if (!kv || kv->type != GGUF_VT_ARRAY || kv->arr_type != GGUF_VT_STRING) {
-		snprintf(err, errlen, "tokenizer.ggml.merges: missing or not a string array");
+		log_errf(err, errlen, 0, "tokenizer.ggml.merges: missing or not a string array");
 		return -EINVAL;
 	}
 	if (kv->arr_len >= INT32_MAX) {
-		snprintf(err, errlen, "tokenizer.ggml.merges: too many");
+		log_errf(err, errlen, 0, "tokenizer.ggml.merges: too many");
 		return -EINVAL;
 	}
 	n = (uint32_t)kv->arr_len;
@@ -182,7 +183,7 @@ static int load_merges(struct tokenizer *t, const struct gguf_file *f, char *err
 		uint32_t l, r, m;
 
 		if (!sp) {
-			snprintf(err, errlen, "tokenizer.ggml.merges[%u]: no space in '%.*s'", i,
+			log_errf(err, errlen, 0, "tokenizer.ggml.merges[%u]: no space in '%.*s'", i,
 				 (int)(s.len > 64 ? 64 : s.len), s.ptr);
 			return -EINVAL;
 		}

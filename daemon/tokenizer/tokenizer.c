@@ -1,7 +1,6 @@
 /* tokenizer.c — vocabulary, special-token splitting and decoding shared by the BPE and SentencePiece tokenizers. */
 #include <errno.h>
 #include <limits.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,17 +9,7 @@
 #include "daemon/tokenizer/tokenizer.h"
 #include "daemon/tokenizer/tokenizer_int.h"
 #include "daemon/tokenizer/unicode.h"
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (!err || !errlen)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-}
+#include "daemon/log.h"
 
 /* FNV-1a: token texts are short, and this only runs at load and in SPM. */
 static uint32_t str_hash(const char *s, size_t len)
@@ -73,24 +62,24 @@ static int load_vocab(struct tokenizer *t, const struct gguf_file *f, char *err,
 	int ret;
 
 	if (!kv || kv->type != GGUF_VT_ARRAY || kv->arr_type != GGUF_VT_STRING) {
-		set_err(err, errlen, "tokenizer.ggml.tokens: missing or not a string array");
+		log_errf(err, errlen, 0, "tokenizer.ggml.tokens: missing or not a string array");
 		return -EINVAL;
 	}
 	if (kv->arr_len == 0 || kv->arr_len >= INT32_MAX) {
-		set_err(err, errlen, "tokenizer.ggml.tokens: bad length %llu",
+		log_errf(err, errlen, 0, "tokenizer.ggml.tokens: bad length %llu",
 			(unsigned long long)kv->arr_len);
 		return -EINVAL;
 	}
 	t->n_vocab = (uint32_t)kv->arr_len;
 	ret = gguf_get_arr(f, "tokenizer.ggml.token_type", GGUF_VT_I32, &types, &n_types);
 	if (ret != -ENOENT && (ret || n_types != t->n_vocab)) {
-		set_err(err, errlen, "tokenizer.ggml.token_type: not an i32 array of %u entries (%llu)",
+		log_errf(err, errlen, 0, "tokenizer.ggml.token_type: not an i32 array of %u entries (%llu)",
 			t->n_vocab, (unsigned long long)n_types);
 		return -EINVAL;
 	}
 	ret = gguf_get_arr(f, "tokenizer.ggml.scores", GGUF_VT_F32, &scores, &n_scores);
 	if (ret != -ENOENT && (ret || n_scores != t->n_vocab)) {
-		set_err(err, errlen, "tokenizer.ggml.scores: not an f32 array of %u entries (%llu)",
+		log_errf(err, errlen, 0, "tokenizer.ggml.scores: not an f32 array of %u entries (%llu)",
 			t->n_vocab, (unsigned long long)n_scores);
 		return -EINVAL;
 	}
@@ -110,7 +99,7 @@ static int load_vocab(struct tokenizer *t, const struct gguf_file *f, char *err,
 		int32_t ty = TOKT_NORMAL;
 
 		if (s.len > UINT32_MAX / 2) {
-			set_err(err, errlen, "tokenizer.ggml.tokens[%u]: too long", i);
+			log_errf(err, errlen, 0, "tokenizer.ggml.tokens[%u]: too long", i);
 			return -EINVAL;
 		}
 		e->text = s.ptr;
@@ -222,9 +211,9 @@ int tokenizer_create(struct tokenizer **out, const struct gguf_file *f, char *er
 	struct gguf_str model;
 	int ret;
 
-	set_err(err, errlen, "ok");
+	log_errf(err, errlen, 0, "ok");
 	if (gguf_get_str(f, "tokenizer.ggml.model", &model) != 0) {
-		set_err(err, errlen, "tokenizer.ggml.model: missing or not a string");
+		log_errf(err, errlen, 0, "tokenizer.ggml.model: missing or not a string");
 		return -EINVAL;
 	}
 	t = calloc(1, sizeof(*t));
@@ -237,7 +226,7 @@ int tokenizer_create(struct tokenizer **out, const struct gguf_file *f, char *er
 		t->add_bos = 1;
 		t->add_space_prefix = 1;
 	} else {
-		set_err(err, errlen, "unsupported tokenizer model '%.*s' (kvd knows gpt2, llama)",
+		log_errf(err, errlen, 0, "unsupported tokenizer model '%.*s' (kvd knows gpt2, llama)",
 			(int)(model.len > 64 ? 64 : model.len), model.ptr);
 		ret = -ENOTSUP;
 		goto err_free;
@@ -265,7 +254,7 @@ int tokenizer_create(struct tokenizer **out, const struct gguf_file *f, char *er
 
 err_free:
 	if (ret == -ENOMEM)
-		set_err(err, errlen, "tokenizer: out of memory");
+		log_errf(err, errlen, 0, "tokenizer: out of memory");
 	tokenizer_destroy(t);
 	return ret;
 }

@@ -1,0 +1,183 @@
+/* oneshot.c — `kvd --prompt` (generate in-process and exit) and `kvd --info`, on engine/generate. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "daemon/config.h"
+#include "daemon/engine/engine.h"
+#include "daemon/engine/generate.h"
+#include "daemon/engine/sampler.h"
+#include "daemon/model/gguf.h"
+#include "daemon/model/model.h"
+#include "daemon/oneshot.h"
+#include "daemon/tokenizer/tokenizer.h"
+#include "kernels/backend.h"
+
+#define PREFILL_ROWS 512
+
+void oneshot_info(const struct model *m)
+{
+	const struct model_hparams *hp = &m->hp;
+	const struct gguf_file *f = m->gguf;
+	printf("model        %s\n", hp->name);
+	printf("architecture %s (GGUF v%u, %llu tensors, %llu metadata keys)\n", hp->arch,
+	       f->version, (unsigned long long)f->n_tensors, (unsigned long long)f->n_kv);
+	printf("layers       %u\n", hp->n_layers);
+	printf("dim          %u (heads %u, kv heads %u, head dim %u)\n", hp->dim, hp->n_heads,
+	       hp->n_kv_heads, hp->head_dim);
+	printf("ffn          %u\n", hp->ffn_dim);
+	printf("vocab        %u\n", hp->vocab);
+	printf("context      %u\n", hp->ctx_len);
+	printf("rope         theta %g, %u dims\n", (double)hp->rope_theta, hp->rot_dim);
+	printf("norm eps     %g\n", (double)hp->norm_eps);
+	printf("output       %s\n", hp->tied_output ? "tied to token_embd" : "separate");
+	printf("kv per token %zu bytes at f16\n", model_kv_bytes_per_token(m, 2));
+	uint64_t counts[GGUF_T_LAST] = {0};
+	for (uint64_t i = 0; i < f->n_tensors; i++)
+		if (f->tensors[i].type < GGUF_T_LAST)
+			counts[f->tensors[i].type]++;
+	printf("tensor types");
+	for (uint32_t t = 0; t < GGUF_T_LAST; t++)
+		if (counts[t])
+			printf(" %s:%llu", gguf_type_name(t), (unsigned long long)counts[t]);
+	printf("\n");
+}
+
+/* The text to encode: the prompt, or the chat template around it (*owned to free). */
+static int prompt_text(const struct kvd_options *o, const struct tokenizer *tok,
+		       const char **text, char **owned)
+{
+	*text = o->prompt;
+	*owned = NULL;
+	if (!o->chat)
+		return 0;
+	struct chat_msg msgs[2];
+	size_t n = 0;
+	if (o->system)
+		msgs[n++] = (struct chat_msg){ "system", o->system };
+	msgs[n++] = (struct chat_msg){ "user", o->prompt };
+	int need = tokenizer_chat_format(tok, msgs, n, 1, NULL, 0);
+	if (need < 0) {
+		fprintf(stderr, "kvd: this model has no chat template kvd understands\n");
+		return need;
+	}
+	if (!(*owned = malloc((size_t)need + 1)))
+		return -ENOMEM;
+	tokenizer_chat_format(tok, msgs, n, 1, *owned, (size_t)need + 1);
+	*text = *owned;
+	return 0;
+}
+
+/* The prompt's token ids (*ids, *n; the caller frees), checked against the context. */
+static int prompt_tokens(const struct kvd_options *o, const struct tokenizer *tok, uint32_t ctx,
+			 uint32_t **ids, uint32_t *n)
+{
+	const char *input;
+	char *owned;
+	int rc = prompt_text(o, tok, &input, &owned);
+	if (rc)
+		return rc;
+	int bos = tokenizer_add_bos(tok);
+	int n_prompt = tokenizer_encode(tok, input, strlen(input), bos, o->chat, NULL, 0);
+	if (n_prompt <= 0) {
+		fprintf(stderr, "kvd: the prompt encodes to no tokens\n");
+		rc = n_prompt < 0 ? n_prompt : -EINVAL;
+	} else if ((uint32_t)n_prompt + (uint32_t)o->n_predict > ctx) {
+		fprintf(stderr, "kvd: prompt (%d tokens) plus %d to generate exceed the context (%u)\n",
+			n_prompt, o->n_predict, ctx);
+		rc = -E2BIG;
+	} else if (!(*ids = malloc((size_t)n_prompt * sizeof(uint32_t)))) {
+		rc = -ENOMEM;
+	} else {
+		tokenizer_encode(tok, input, strlen(input), bos, o->chat, *ids, (size_t)n_prompt);
+		*n = (uint32_t)n_prompt;
+	}
+	free(owned);
+	return rc;
+}
+
+struct printer {
+	const struct tokenizer *tok;
+	struct tok_decoder dec;
+};
+
+/* Each token's text through the streaming decoder, as it comes; an end token prints nothing. */
+static int print_token(void *arg, uint32_t id, int eog)
+{
+	struct printer *pr = arg;
+	char buf[512];
+	if (eog)
+		return 0;
+	int n = tok_decoder_feed(pr->tok, &pr->dec, id, buf, sizeof(buf));
+	if (n > 0)
+		fwrite(buf, 1, (size_t)n, stdout);
+	fflush(stdout);
+	return 0;
+}
+
+static void print_speed(const struct generate_result *r, const struct backend *be)
+{
+	double pre = (double)r->prefill_ns * 1e-9, dec = (double)r->decode_ns * 1e-9;
+	fprintf(stderr, "kvd: prefill %u tokens in %.3f s (%.1f tok/s), decode %u tokens in %.3f s (%.1f tok/s), %u threads, %s backend\n",
+		r->n_prompt, pre, r->n_prompt / pre, r->n_out, dec,
+		r->n_out > 1 ? (r->n_out - 1) / dec : 0.0, be->n_threads, be->ops->name);
+}
+
+/* Generate from ids (n,) and print it; the engine and sampler live only for this. */
+static int run(const struct kvd_options *o, struct model *m, struct backend *be,
+	       struct kvpool *pool, const struct tokenizer *tok, const uint32_t *ids, uint32_t n,
+	       uint32_t ctx)
+{
+	struct engine *eng = NULL;
+	struct sampler *smp = NULL;
+	int rc;
+	if ((rc = engine_create(&eng, m, be, pool, PREFILL_ROWS)) ||
+	    (rc = sampler_create(&smp, &o->sp, m->hp.vocab))) {
+		fprintf(stderr, "kvd: cannot set up generation: %s\n", strerror(-rc));
+		goto out;
+	}
+	struct printer pr = { .tok = tok };
+	struct generate_params gp = { .max_tokens = (uint32_t)o->n_predict, .ctx = ctx, .tok = tok,
+				      .on_token = print_token, .arg = &pr };
+	struct generate_result res;
+	struct engine_seq seq;
+	/* The prefix-cache namespace: the user, so one user cannot time another's prompts. */
+	engine_seq_init(eng, &seq, o->srv.prefix_global ? 0 : (uint32_t)getuid());
+	rc = generate(eng, smp, &seq, ids, n, &gp, &res);
+	engine_seq_release(eng, &seq);
+	if (rc) {
+		fprintf(stderr, "kvd: forward pass failed: %s\n", strerror(-rc));
+		goto out;
+	}
+	char tail[16];
+	int nt = tok_decoder_flush(&pr.dec, tail, sizeof(tail));
+	if (nt > 0)
+		fwrite(tail, 1, (size_t)nt, stdout);
+	printf("\n");
+	print_speed(&res, be);
+out:
+	sampler_destroy(smp);
+	engine_destroy(eng);
+	return rc;
+}
+
+int oneshot_prompt(const struct kvd_options *o, struct model *m, struct backend *be,
+		   struct kvpool *pool)
+{
+	char err[256];
+	struct tokenizer *tok;
+	uint32_t *ids = NULL, n = 0;
+	int rc = tokenizer_create(&tok, m->gguf, err, sizeof(err));
+	if (rc) {
+		fprintf(stderr, "kvd: tokenizer: %s\n", err);
+		return rc;
+	}
+	uint32_t ctx = o->ctx && o->ctx < m->hp.ctx_len ? o->ctx : m->hp.ctx_len;
+	rc = prompt_tokens(o, tok, ctx, &ids, &n);
+	if (!rc)
+		rc = run(o, m, be, pool, tok, ids, n, ctx);
+	free(ids);
+	tokenizer_destroy(tok);
+	return rc;
+}
