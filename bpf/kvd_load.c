@@ -49,19 +49,6 @@ static int print_fn(enum libbpf_print_level level, const char *fmt, va_list ap)
 	return 0;
 }
 
-int kvd_bpf_mode_parse(const char *s, enum kvd_bpf_mode *out)
-{
-	if (!strcmp(s, "auto"))
-		*out = KVD_BPF_AUTO;
-	else if (!strcmp(s, "on"))
-		*out = KVD_BPF_ON;
-	else if (!strcmp(s, "off"))
-		*out = KVD_BPF_OFF;
-	else
-		return -EINVAL;
-	return 0;
-}
-
 int kvd_bpf_capable(void)
 {
 	FILE *f = fopen("/proc/self/status", "r");

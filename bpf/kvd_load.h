@@ -13,9 +13,6 @@ enum kvd_bpf_mode {
 	KVD_BPF_OFF,
 };
 
-/* "auto", "on" or "off"; -EINVAL otherwise. */
-int kvd_bpf_mode_parse(const char *s, enum kvd_bpf_mode *out);
-
 /* 1 if this process's effective capabilities allow loading and attaching the programs. */
 int kvd_bpf_capable(void);
 

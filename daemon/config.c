@@ -229,8 +229,8 @@ void config_defaults(struct kvd_options *o)
 	o->kv_block_tokens = 16;
 	o->kv_type = KB_F16;
 	o->log_level = LOG_NOTICE;
-	o->bpf = CONFIG_BPF_AUTO;
-	o->backend = CONFIG_BACKEND_AUTO;
+	o->bpf = KVD_BPF_AUTO;
+	o->backend = KB_BACKEND_AUTO;
 	o->srv = (struct server_config){
 		.socket_gid = (gid_t)-1, .max_sessions = 16, .max_slots = 8, .max_tokens = 8192,
 		.max_inflight = 256, .max_uid_sessions = 64, .max_uid_inflight = 1024,
@@ -463,7 +463,7 @@ static int finish(struct kvd_options *o, char *err, size_t errlen)
 		o->srv.socket_gid = g->gr_gid;
 	}
 #ifndef KVD_HAVE_CUDA
-	if (o->backend == CONFIG_BACKEND_CUDA) {
+	if (o->backend == KB_BACKEND_CUDA) {
 		log_errf(err, errlen, 0, "backend = cuda: this kvd was built without the CUDA backend "
 		       "(build with CUDA=1 where nvcc is installed), use auto or cpu");
 		return -EINVAL;

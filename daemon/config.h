@@ -5,15 +5,14 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include "bpf/kvd_load.h"
 #include "daemon/engine/sampler.h"
 #include "daemon/serve/server_config.h"
+#include "kernels/backend.h"
 
 #define CONFIG_DEFAULT_PATH "/etc/kvd/kvd.conf"
 #define CONFIG_DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 #define CONFIG_MAX_OPTS 64	/* entries of the option table, with room to grow */
-
-enum config_bpf { CONFIG_BPF_AUTO, CONFIG_BPF_ON, CONFIG_BPF_OFF };
-enum config_backend { CONFIG_BACKEND_AUTO, CONFIG_BACKEND_CPU, CONFIG_BACKEND_CUDA };
 
 /* Where an option's value came from, for --print-config and reload messages. */
 enum config_src { CONFIG_SRC_DEFAULT, CONFIG_SRC_FILE, CONFIG_SRC_ENV, CONFIG_SRC_CMDLINE };
@@ -44,8 +43,8 @@ struct kvd_options {
 	uint32_t kv_block_tokens;
 	int kv_type;			/* KB_F16, KB_F32, KB_Q8_0 */
 	int log_level;			/* LOG_ERR .. LOG_DEBUG */
-	int bpf;			/* enum config_bpf */
-	int backend;			/* enum config_backend */
+	int bpf;			/* enum kvd_bpf_mode */
+	int backend;			/* enum kb_kind */
 	const char *socket_group;	/* NULL: the daemon's own group */
 	struct server_config srv;	/* socket, limits, prefix sharing; socket_gid from socket_group */
 

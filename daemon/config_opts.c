@@ -12,9 +12,9 @@ static const int level_vals[] = { 0, 1, 2, 3, 4, 5, 6, 7 };
 static const char *const kv_types[] = { "f16", "f32", "q8_0", NULL };
 static const int kv_type_vals[] = { KB_F16, KB_F32, KB_Q8_0 };
 static const char *const bpf_modes[] = { "auto", "on", "off", NULL };
-static const int bpf_vals[] = { CONFIG_BPF_AUTO, CONFIG_BPF_ON, CONFIG_BPF_OFF };
+static const int bpf_vals[] = { KVD_BPF_AUTO, KVD_BPF_ON, KVD_BPF_OFF };
 static const char *const backends[] = { "auto", "cpu", "cuda", NULL };
-static const int backend_vals[] = { CONFIG_BACKEND_AUTO, CONFIG_BACKEND_CPU, CONFIG_BACKEND_CUDA };
+static const int backend_vals[] = { KB_BACKEND_AUTO, KB_BACKEND_CPU, KB_BACKEND_CUDA };
 
 #define O(f) .off = offsetof(struct kvd_options, f)
 #define S(f) .off = offsetof(struct kvd_options, srv.f)

@@ -41,10 +41,8 @@ static int serve(struct kvd_options *o, struct model *m, struct backend *be, str
 	}
 	o->srv.reload = reload_config;
 	o->srv.reload_arg = o;
-	static const char *const bpf_mode[] = { [CONFIG_BPF_AUTO] = "auto", [CONFIG_BPF_ON] = "on",
-						[CONFIG_BPF_OFF] = "off" };
 	struct kvd_bpf *obs;
-	rc = obs_start(bpf_mode[o->bpf], &obs);
+	rc = obs_start((enum kvd_bpf_mode)o->bpf, &obs);
 	if (!rc)
 		rc = server_create(&srv, &o->srv, m, tok, be, pool);
 	if (!rc) {
@@ -96,10 +94,7 @@ static int make_pool(const struct kvd_options *o, const struct model *m, struct 
 static int make_backend(const struct kvd_options *o, struct backend **out)
 {
 	char why[512];
-	static const enum kb_kind kinds[] = { [CONFIG_BACKEND_AUTO] = KB_BACKEND_AUTO,
-					      [CONFIG_BACKEND_CPU] = KB_BACKEND_CPU,
-					      [CONFIG_BACKEND_CUDA] = KB_BACKEND_CUDA };
-	int rc = backend_create(out, kinds[o->backend], o->threads, why, sizeof(why));
+	int rc = backend_create(out, (enum kb_kind)o->backend, o->threads, why, sizeof(why));
 	if (rc) {
 		log_msg(LOG_ERR, "%s: %s", why, strerror(-rc));
 		return rc;

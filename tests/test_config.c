@@ -98,8 +98,8 @@ static void test_defaults(void **state)
 	assert_int_equal(o.kv_block_tokens, 16);
 	assert_int_equal(o.kv_type, KB_F16);
 	assert_int_equal(o.log_level, LOG_NOTICE);
-	assert_int_equal(o.bpf, CONFIG_BPF_AUTO);
-	assert_int_equal(o.backend, CONFIG_BACKEND_AUTO);
+	assert_int_equal(o.bpf, KVD_BPF_AUTO);
+	assert_int_equal(o.backend, KB_BACKEND_AUTO);
 	assert_null(o.srv.socket_path);
 	assert_int_equal(o.srv.socket_gid, (gid_t)-1);
 	assert_string_equal(o.file_used, conf);
@@ -164,7 +164,7 @@ static void test_every_key_from_the_file(void **state)
 	write_file(conf, every);
 	assert_int_equal(load(&o, err, sizeof(err), "--config", conf, NULL), 0);
 	assert_string_equal(o.model, "/models/m.gguf");
-	assert_int_equal(o.backend, CONFIG_BACKEND_CPU);
+	assert_int_equal(o.backend, KB_BACKEND_CPU);
 	assert_int_equal(o.threads, 3);
 	assert_int_equal(o.ctx, 2048);
 	assert_int_equal(o.kv_mem, 256ull << 20);
@@ -177,7 +177,7 @@ static void test_every_key_from_the_file(void **state)
 	assert_string_equal(o.socket_group, "root");
 	assert_int_equal(o.srv.socket_gid, 0);
 	assert_int_equal(o.log_level, LOG_DEBUG);
-	assert_int_equal(o.bpf, CONFIG_BPF_OFF);
+	assert_int_equal(o.bpf, KVD_BPF_OFF);
 	assert_int_equal(o.srv.drain_timeout_ms, 0);
 	assert_int_equal(o.srv.max_sessions, 64);
 	assert_int_equal(o.srv.max_slots, 2);
@@ -204,7 +204,7 @@ static void test_precedence_and_print(void **state)
 	assert_int_equal(o.srv.max_sessions, 8);
 	assert_int_equal(o.kv_type, KB_Q8_0);
 	assert_string_equal(o.model, "/from/env.gguf");
-	assert_int_equal(o.bpf, CONFIG_BPF_OFF);
+	assert_int_equal(o.bpf, KVD_BPF_OFF);
 	assert_int_equal(o.log_level, LOG_INFO);
 
 	char *out = NULL;

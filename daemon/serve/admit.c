@@ -236,7 +236,7 @@ static int admit(struct server *srv, struct conn *c, struct taken *t)
 	t->prompt = NULL;
 	t->smp = NULL;
 	int rc = t->prep_rc;
-	uint32_t bt = kvpool_config(srv->pool)->block_tokens;
+	uint32_t bt = engine_pool_block_tokens(srv->eng);
 	if (!rc && (uint64_t)r->n_prompt + r->max_out > srv->cfg.max_tokens)
 		rc = -E2BIG;
 	/* A request its uid's quota could never hold is refused now. */

@@ -133,7 +133,6 @@ static void do_hello(struct server *srv, struct conn *c, const struct kvd_hello_
 	struct kvd_hello_rep r;
 	memset(&r, 0, sizeof(r));
 	const struct model_hparams *hp = &srv->m->hp;
-	const struct kvpool_config *pc = kvpool_config(srv->pool);
 	r.hdr = (struct kvd_msg_hdr){ .magic = KVD_MAGIC, .type = KVD_MSG_HELLO, .seq = rq->hdr.seq };
 	r.abi_version = KVD_ABI_VERSION;
 	r.features = rq->features & KVD_FEAT_ALL;
@@ -146,8 +145,8 @@ static void do_hello(struct server *srv, struct conn *c, const struct kvd_hello_
 	r.max_sq_entries = REGION_MAX_SQ;
 	r.max_cq_entries = REGION_MAX_CQ;
 	r.max_arena_bytes = srv->cfg.max_arena_bytes;
-	r.kv_block_tokens = pc->block_tokens;
-	r.kv_blocks_total = pc->n_blocks;
+	r.kv_block_tokens = engine_pool_block_tokens(srv->eng);
+	r.kv_blocks_total = engine_pool_blocks(srv->eng);
 	snprintf(r.model_name, sizeof(r.model_name), "%s", hp->name);
 	snprintf(r.backend, sizeof(r.backend), "%s", srv->be->ops->name);
 	r.max_tokens = srv->cfg.max_tokens;

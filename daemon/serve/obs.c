@@ -6,13 +6,10 @@
 #include "daemon/log.h"
 #include "daemon/serve/obs.h"
 
-int obs_start(const char *mode, struct kvd_bpf **out)
+int obs_start(enum kvd_bpf_mode m, struct kvd_bpf **out)
 {
-	enum kvd_bpf_mode m = KVD_BPF_AUTO;
 	char err[512];
 	*out = NULL;
-	if (mode && kvd_bpf_mode_parse(mode, &m))
-		return -EINVAL;
 	if (m == KVD_BPF_OFF)
 		return 0;
 	if (m == KVD_BPF_AUTO && !kvd_bpf_capable()) {

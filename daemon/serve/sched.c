@@ -44,8 +44,8 @@ struct sched {
 /* One token for r from logits (which it may change). */
 static uint32_t sample(struct request *r, float *logits)
 {
-	const struct kvseq *kv = &r->sl->seq.kv;
-	return sampler_sample(r->smp, logits, kv->tokens, kv->n_tokens);
+	const struct engine_seq *seq = &r->sl->seq;
+	return sampler_sample(r->smp, logits, engine_seq_tokens(seq), engine_seq_len(seq));
 }
 
 /* Post the token sampled for r; 1 if r finished. */
@@ -165,25 +165,24 @@ static void add_row(struct sched *sc, struct batch *b, struct request *r, uint32
  */
 static int preempt(struct server *srv, struct slot *sl, struct request *r)
 {
-	const struct kvseq *kv = &sl->seq.kv;
 	size_t extra = !r ? 0 : r->phase == REQ_PREFILL ? (size_t)(r->n_prompt - r->n_fed) : (size_t)(sl->has_pending != 0);
-	uint32_t *p = malloc(((size_t)kv->n_tokens + extra + 1) * sizeof(uint32_t));
+	uint32_t *p = malloc(((size_t)engine_seq_len(&sl->seq) + extra + 1) * sizeof(uint32_t));
 	if (!p)
 		return -ENOMEM;
-	size_t n = kv->n_tokens;
-	memcpy(p, kv->tokens, n * sizeof(uint32_t));
+	size_t n = engine_seq_len(&sl->seq);
+	memcpy(p, engine_seq_tokens(&sl->seq), n * sizeof(uint32_t));
 	if (r && r->phase == REQ_PREFILL) {
 		memcpy(p + n, r->prompt + r->n_fed, extra * sizeof(uint32_t));
 		n += extra;
 	} else if (r && sl->has_pending) {
 		p[n++] = sl->pending;
 	}
-	uint32_t ns = kv->ns;
+	uint32_t ns = engine_seq_ns(&sl->seq);
 	engine_seq_release(srv->eng, &sl->seq);
 	engine_seq_init(srv->eng, &sl->seq, ns);
 	sl->has_logits = 0;
 	srv->n_preemptions++;
-	KVD_PROBE(preempt, r ? r->id : 0, sl->seq.kv.ns, (uint32_t)n);
+	KVD_PROBE(preempt, r ? r->id : 0, engine_seq_ns(&sl->seq), (uint32_t)n);
 	if (!r) {
 		/* An idle sequence: its tokens wait for the slot's next request. */
 		free(sl->resume);
@@ -220,7 +219,7 @@ static int make_room(struct server *srv, struct request *r)
 	struct slot *vs = NULL, *sl;
 	struct request *vr = NULL;
 	srv_for_each_slot(srv, it, sl) {
-		if (!sl->live || !sl->seq.kv.n_blocks || sl == r->sl)
+		if (!sl->live || !engine_seq_blocks(&sl->seq) || sl == r->sl)
 			continue;
 		struct request *h = sl->head;
 		if (!h) {
@@ -251,7 +250,7 @@ static uint64_t uid_blocks(struct server *srv, uid_t uid)
 	struct slot *sl;
 	srv_for_each_slot(srv, it, sl)
 		if (it.c->uid == uid)
-			n += sl->seq.kv.n_blocks;
+			n += engine_seq_blocks(&sl->seq);
 	return n;
 }
 
@@ -269,7 +268,7 @@ static int within_quota(struct server *srv, struct request *r, uint32_t need)
 		struct request *vr = NULL;
 		srv_for_each_slot(srv, it, sl) {
 			struct request *h = sl->head;
-			if (it.c->uid != uid || sl == r->sl || !sl->seq.kv.n_blocks ||
+			if (it.c->uid != uid || sl == r->sl || !engine_seq_blocks(&sl->seq) ||
 			    (h && (h->want_row >= 0 || h->phase == REQ_QUEUED)))
 				continue;
 			if (!vs || (h && vr && keep_rank_less(vr, h)) || (!h && vr)) {
@@ -288,12 +287,12 @@ static int reserve(struct server *srv, struct request *r, uint32_t n)
 {
 	struct slot *sl = r->sl;
 	uint32_t len = engine_seq_len(&sl->seq);
-	uint32_t bt = kvpool_config(srv->pool)->block_tokens;
-	uint32_t have = sl->seq.kv.n_blocks, need = (len + n + bt - 1) / bt;
+	uint32_t bt = engine_pool_block_tokens(srv->eng);
+	uint32_t have = engine_seq_blocks(&sl->seq), need = (len + n + bt - 1) / bt;
 	if (need > have && !within_quota(srv, r, need - have))
 		return -EDQUOT;
 	for (;;) {
-		int rc = kvseq_prepare(srv->pool, &sl->seq.kv, len, len + n);
+		int rc = engine_seq_prepare(srv->eng, &sl->seq, len, len + n);
 		if (rc != -ENOSPC)
 			return rc;
 		if (!make_room(srv, r))
@@ -411,7 +410,7 @@ static void build(struct sched *sc, struct batch *b)
 			r->n_fed = hit > 0 ? (uint32_t)hit : 0;
 		}
 		r->reattach = 0;
-		uint32_t bt = kvpool_config(srv->pool)->block_tokens;
+		uint32_t bt = engine_pool_block_tokens(srv->eng);
 		uint32_t share = srv->cfg.max_batch_rows / (n_clients ? n_clients : 1);
 		share = share < bt ? bt : share;
 		if (r->c->step_rows >= share)
@@ -423,8 +422,8 @@ static void build(struct sched *sc, struct batch *b)
 		int rc = reserve(srv, r, take);
 		if (rc == -ENOSPC) {
 			struct kvpool_stats st;
-			kvpool_get_stats(srv->pool, &st);
-			if (st.blocks_in_use <= cd->sl->seq.kv.n_blocks) {
+			engine_pool_stats(srv->eng, &st);
+			if (st.blocks_in_use <= engine_seq_blocks(&cd->sl->seq)) {
 				release_request(srv, r, -ENOSPC, 0);	/* alone and still too big */
 				continue;
 			}
@@ -541,13 +540,6 @@ static void set_need_wakeup(struct server *srv, int on)
 {
 	for (struct conn *c = srv->conns; c; c = c->next)
 		region_need_kick(&c->rg, on);
-}
-
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 /* Bookkeeping at a step boundary: hang-ups, closed sessions, new SQEs, overflow. */
@@ -707,7 +699,7 @@ void *sched_thread(void *arg)
 	struct sched *sc = NULL;
 	int rc = sched_create(&sc, srv);
 	pthread_mutex_lock(&srv->lock);
-	kvpool_get_stats(srv->pool, &srv->pool_stats);	/* admission reads the pool's size */
+	engine_pool_stats(srv->eng, &srv->pool_stats);	/* admission reads the pool's size */
 	if (rc) {
 		log_msg(LOG_ERR, "engine thread: out of memory");
 		srv->stopping = 1;
@@ -719,8 +711,8 @@ void *sched_thread(void *arg)
 		else
 			housekeeping(srv);
 		wake_clients(srv);
-		kvpool_get_stats(srv->pool, &srv->pool_stats);
-		if (srv->stopping && (!any_work(srv) || now_ns() >= srv->drain_deadline_ns || !sc)) {
+		engine_pool_stats(srv->eng, &srv->pool_stats);
+		if (srv->stopping && (!any_work(srv) || log_now_ns() >= srv->drain_deadline_ns || !sc)) {
 			cancel_everything(srv);
 			wake_clients(srv);
 			break;

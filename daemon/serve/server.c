@@ -26,13 +26,6 @@
 static void on_recv(struct loop *l, struct loop_op *op, int res, int more);
 static void on_kick(struct loop *l, struct loop_op *op, int res, int more);
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 /* ---- per-uid accounting ---- */
 
 struct uid_usage *server_uid(struct server *srv, uid_t uid)
@@ -298,9 +291,9 @@ static void on_reap(struct loop *l, struct loop_op *op, int res, int more)
 
 static void server_status(struct server *srv)
 {
-	const struct kvpool_config *pc = kvpool_config(srv->pool);
 	struct service_snapshot st = { .model = srv->m->hp.name, .backend = srv->be->ops->name,
-				       .kv_blocks = pc->n_blocks, .kv_block_tokens = pc->block_tokens };
+				       .kv_blocks = engine_pool_blocks(srv->eng),
+				       .kv_block_tokens = engine_pool_block_tokens(srv->eng) };
 	pthread_mutex_lock(&srv->lock);
 	st.sessions = srv->n_sessions;
 	st.conns = srv->n_conns;
@@ -374,7 +367,7 @@ static void on_signal(struct loop *l, struct loop_op *op, int res, int more)
 			       srv->cfg.drain_timeout_ms);
 		pthread_mutex_lock(&srv->lock);
 		srv->stopping = 1;
-		srv->drain_deadline_ns = now_ns() + (uint64_t)srv->cfg.drain_timeout_ms * 1000000ull;
+		srv->drain_deadline_ns = log_now_ns() + (uint64_t)srv->cfg.drain_timeout_ms * 1000000ull;
 		pthread_cond_signal(&srv->work);
 		pthread_mutex_unlock(&srv->lock);
 		/* No new connections; the socket goes away now. */
@@ -403,7 +396,6 @@ int server_create(struct server **out, const struct server_config *cfg, struct m
 	srv->m = m;
 	srv->tok = tok;
 	srv->be = be;
-	srv->pool = pool;
 	srv->listen_fd = srv->signal_fd = srv->reap_fd = srv->vocab_fd = -1;
 	srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	pthread_mutex_init(&srv->lock, NULL);

@@ -12,7 +12,6 @@
 #include <sys/types.h>
 #include "uapi/kvd.h"
 #include "daemon/engine/engine.h"
-#include "daemon/engine/kvpool.h"
 #include "daemon/serve/loop.h"
 #include "daemon/serve/region.h"
 #include "daemon/serve/server_config.h"
@@ -58,7 +57,6 @@ struct server {
 	struct model *m;
 	struct tokenizer *tok;
 	struct backend *be;
-	struct kvpool *pool;
 	struct engine *eng;
 	struct loop *loop;
 	int listen_fd;
