@@ -15,6 +15,7 @@
 #include "daemon/serve/server.h"
 #include "daemon/tokenizer/tokenizer.h"
 #include "shm/kvring.h"
+#include "uapi/kvd_pins.h"
 
 /* ---- completions ---- */
 
@@ -272,8 +273,9 @@ static void cancel(struct server *srv, struct conn *c, const struct kvd_sqe *q)
 static int admit(struct server *srv, struct conn *c, const struct kvd_sqe *q)
 {
 	const uint32_t vocab = srv->m->hp.vocab;
+	static const __u64 resv_zero[sizeof(q->resv) / sizeof(q->resv[0])];
 	if (q->opcode >= KVD_OP_LAST || (q->flags & ~KVD_SQE_FLAGS_ALL) ||
-	    q->priority > KVD_PRIO_BACKGROUND)
+	    q->priority > KVD_PRIO_BACKGROUND || memcmp(q->resv, resv_zero, sizeof(q->resv)))
 		return -EINVAL;
 	if (srv->stopping)
 		return -ESHUTDOWN;

@@ -155,6 +155,7 @@ def gguf_seeds(model):
 # ---- control messages ----
 
 MAGIC = 0x3144564B
+ABI_VERSION = 2
 
 
 def msg(mtype, body=b"", seq=1, magic=MAGIC, length=None, flags=0, status=0):
@@ -163,7 +164,7 @@ def msg(mtype, body=b"", seq=1, magic=MAGIC, length=None, flags=0, status=0):
 
 
 def hello(features=0x7F):
-    return msg(1, struct.pack("<II16x", 1, features))
+    return msg(1, struct.pack("<II16x", ABI_VERSION, features))
 
 
 def sess_open(sq=0, cq=0, arena=0):
@@ -195,7 +196,7 @@ def ctrl_seeds():
 def sqe(op, flags=0, sid_live=True, user=1, toff=0, ntok=0, out=0, maxt=0, slot=0, target=0,
         prio=0, temp=0):
     prio |= 0x80 if sid_live else 0
-    return struct.pack("<BBHIQIIIIQHHHHHHIQ", op, prio, flags, 0, user, toff, ntok, out, maxt,
+    return struct.pack("<BBHIQIIIIQHHHHHHIQ64x", op, prio, flags, 0, user, toff, ntok, out, maxt,
                        7, temp, 0, 0, 0, 0, 0, slot, target)
 
 
@@ -209,8 +210,8 @@ def write(off, data):
 
 def ring_seeds():
     # sq 4, cq 4: size byte 0b1010. Ring headers are 192 bytes: the arena starts at
-    # 192 + 192 + 4 * 64 + 4 * 32 = 768.
-    arena = 768
+    # 192 + 192 + 4 * 128 + 4 * 32 = 1024.
+    arena = 1024
     prompt = struct.pack("<5I", 504, 3575, 282, 4649, 314)
     gen = sqe(3, 2, toff=0, ntok=5, out=64, maxt=4)
     put("generate", "ring", b"\x0a" + write(arena, prompt) + put_sqe(gen) + b"\x02" +
