@@ -219,6 +219,8 @@ int backend_cuda_devices(char *why, size_t whylen);
 
 /* Elements and bytes per block of a type; -EINVAL for an unknown type. */
 int kb_type_block(uint32_t type, uint32_t *blk_elems, uint32_t *blk_bytes);
+/* "Q4_K", ...; "unknown" for a type kb_type_block() refuses. */
+const char *kb_type_name(uint32_t type);
 
 #ifdef __cplusplus
 }

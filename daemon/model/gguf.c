@@ -162,44 +162,6 @@ static const char *const vt_name[GGUF_VT_LAST] = {
 	[GGUF_VT_F64] = "f64",
 };
 
-int gguf_type_block(uint32_t type, uint32_t *blk_elems, uint32_t *blk_bytes)
-{
-	uint32_t e, b;
-
-	switch (type) {
-	case GGUF_T_F32:  e = 1;   b = 4;   break;
-	case GGUF_T_F16:  e = 1;   b = 2;   break;
-	case GGUF_T_BF16: e = 1;   b = 2;   break;
-	case GGUF_T_Q4_0: e = 32;  b = 18;  break;	/* f16 d, 16 B of nibbles */
-	case GGUF_T_Q4_1: e = 32;  b = 20;  break;	/* f16 d, f16 m, 16 B of nibbles */
-	case GGUF_T_Q8_0: e = 32;  b = 34;  break;	/* f16 d, 32 int8 */
-	case GGUF_T_Q4_K: e = 256; b = 144; break;	/* d, dmin, 12 B scales, 128 B nibbles */
-	case GGUF_T_Q6_K: e = 256; b = 210; break;	/* 128 B ql, 64 B qh, 16 scales, d */
-	default:
-		return -ENOTSUP;
-	}
-	if (blk_elems)
-		*blk_elems = e;
-	if (blk_bytes)
-		*blk_bytes = b;
-	return 0;
-}
-
-const char *gguf_type_name(uint32_t type)
-{
-	switch (type) {
-	case GGUF_T_F32:  return "F32";
-	case GGUF_T_F16:  return "F16";
-	case GGUF_T_BF16: return "BF16";
-	case GGUF_T_Q4_0: return "Q4_0";
-	case GGUF_T_Q4_1: return "Q4_1";
-	case GGUF_T_Q8_0: return "Q8_0";
-	case GGUF_T_Q4_K: return "Q4_K";
-	case GGUF_T_Q6_K: return "Q6_K";
-	default:	  return "unknown";
-	}
-}
-
 /*
  * Grow *arr (of elsize-byte entries, *cap of them) to hold n+1. Doubling from
  * a small start means memory follows what was actually parsed, not the
@@ -434,11 +396,11 @@ static int rd_tensor(struct rd *r, struct gguf_tensor *t, uint64_t *off,
 	ret = rd_u32(r, &t->type, ctx, "type");
 	if (ret)
 		return ret;
-	if (gguf_type_block(t->type, &be, &bb))
+	if (kb_type_block(t->type, &be, &bb))
 		return fail(r, -ENOTSUP, "%s: unsupported tensor type %u", ctx, t->type);
 	if (t->ne[0] % be)
 		return fail(r, -EINVAL, "%s: ne[0] = %" PRIu64 " is not a multiple of the %s block size (%u)",
-			    ctx, t->ne[0], gguf_type_name(t->type), be);
+			    ctx, t->ne[0], kb_type_name(t->type), be);
 	/* n is a multiple of be because ne[0] is */
 	if (mul_ovf(n / be, bb, &t->size))
 		return fail(r, -EINVAL, "%s: byte size overflows", ctx);
