@@ -1,4 +1,4 @@
-/* gguf.c — validating reader of GGUF v2/v3 files, mmap'd or in a caller buffer. */
+/* gguf.c — validating reader of GGUF v2/v3 files, mmap'd or in a caller buffer: the parser. */
 #include "daemon/model/gguf.h"
 
 #include <errno.h>
@@ -13,11 +13,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-/* Values are read in place from the mapping, so the host must match the file. */
-#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "gguf.c reads little-endian GGUF files in place; big-endian hosts are not supported"
-#endif
+#include "daemon/model/gguf_int.h"
 
 #define GGUF_MAGIC		0x46554747u	/* "GGUF" read as a little-endian u32 */
 #define GGUF_HDR_BYTES		24		/* magic, version, n_tensors, n_kv */
@@ -90,22 +86,6 @@ static bool mul_ovf(uint64_t a, uint64_t b, uint64_t *out)
 static size_t left(const struct rd *r)
 {
 	return r->size - r->pos;
-}
-
-static uint32_t ld_u32(const void *p)
-{
-	uint32_t v;
-
-	memcpy(&v, p, sizeof(v));
-	return v;
-}
-
-static uint64_t ld_u64(const void *p)
-{
-	uint64_t v;
-
-	memcpy(&v, p, sizeof(v));
-	return v;
 }
 
 /* ctx names what is being read ("key 'x'", "tensor #3"), field the item. */
@@ -433,14 +413,10 @@ static int rd_alignment(struct rd *r, const struct gguf_file *f, uint64_t *align
 	return 0;
 }
 
-static int parse(struct rd *r, struct gguf_file *f)
+/* The fixed header: magic, version and the two counts, each bounded by the bytes left. */
+static int rd_header(struct rd *r, struct gguf_file *f, uint64_t *n_kv, uint64_t *n_tensors)
 {
-	char name[GGUF_SHOW_MAX + 4];
-	uint64_t n_kv, n_tensors, i, *offs = NULL;
-	size_t kv_cap = 0, t_cap = 0, o_cap = 0, data_start;
-	struct gguf_str dup;
 	uint32_t magic;
-	int ret;
 
 	if (r->size < GGUF_HDR_BYTES)
 		return fail(r, -EINVAL, "header: file is %zu bytes, smaller than a GGUF header (%d)",
@@ -456,20 +432,31 @@ static int parse(struct rd *r, struct gguf_file *f)
 			return fail(r, -EINVAL, "header: big-endian GGUF files are not supported");
 		return fail(r, -EINVAL, "header: unsupported GGUF version %u (only 2 and 3)", f->version);
 	}
-	n_tensors = ld_u64(r->base + 8);
-	n_kv = ld_u64(r->base + 16);
+	*n_tensors = ld_u64(r->base + 8);
+	*n_kv = ld_u64(r->base + 16);
 	r->pos = GGUF_HDR_BYTES;
 
 	/* each bounded alone first so the sum below cannot overflow */
-	if (n_kv > left(r) / GGUF_MIN_KV_BYTES)
+	if (*n_kv > left(r) / GGUF_MIN_KV_BYTES)
 		return fail(r, -EINVAL, "header: key count %" PRIu64 " cannot fit in a file of %zu bytes",
-			    n_kv, r->size);
-	if (n_tensors > left(r) / GGUF_MIN_TENSOR_BYTES)
+			    *n_kv, r->size);
+	if (*n_tensors > left(r) / GGUF_MIN_TENSOR_BYTES)
 		return fail(r, -EINVAL, "header: tensor count %" PRIu64 " cannot fit in a file of %zu bytes",
-			    n_tensors, r->size);
-	if (n_kv * GGUF_MIN_KV_BYTES + n_tensors * GGUF_MIN_TENSOR_BYTES > left(r))
+			    *n_tensors, r->size);
+	if (*n_kv * GGUF_MIN_KV_BYTES + *n_tensors * GGUF_MIN_TENSOR_BYTES > left(r))
 		return fail(r, -EINVAL, "header: %" PRIu64 " keys and %" PRIu64 " tensors cannot fit in a file of %zu bytes",
-			    n_kv, n_tensors, r->size);
+			    *n_kv, *n_tensors, r->size);
+	return 0;
+}
+
+/* The n_kv key/value pairs into f->kv; a key may appear once. */
+static int rd_kvs(struct rd *r, struct gguf_file *f, uint64_t n_kv)
+{
+	char name[GGUF_SHOW_MAX + 4];
+	size_t kv_cap = 0;
+	struct gguf_str dup;
+	uint64_t i;
+	int ret;
 
 	for (i = 0; i < n_kv; i++) {
 		if (grow((void **)&f->kv, &kv_cap, f->n_kv, sizeof(*f->kv), n_kv))
@@ -486,43 +473,51 @@ static int parse(struct rd *r, struct gguf_file *f)
 		return fail(r, ret, "keys: out of memory");
 	if (ret)
 		return fail(r, -EINVAL, "key '%s': appears more than once", show(name, dup));
+	return 0;
+}
 
-	ret = rd_alignment(r, f, &f->alignment);
-	if (ret)
-		return ret;
+/*
+ * The n_tensors tensor infos into f->tensors and their data offsets into
+ * *offs (the caller frees it, also on failure); a name may appear once.
+ */
+static int rd_tensors(struct rd *r, struct gguf_file *f, uint64_t n_tensors, uint64_t **offs)
+{
+	char name[GGUF_SHOW_MAX + 4];
+	size_t t_cap = 0, o_cap = 0;
+	struct gguf_str dup;
+	uint64_t i;
+	int ret;
 
 	for (i = 0; i < n_tensors; i++) {
 		if (grow((void **)&f->tensors, &t_cap, f->n_tensors, sizeof(*f->tensors), n_tensors) ||
-		    grow((void **)&offs, &o_cap, f->n_tensors, sizeof(*offs), n_tensors)) {
-			ret = fail(r, -ENOMEM, "tensor #%" PRIu64 ": out of memory", i);
-			goto out;
-		}
+		    grow((void **)offs, &o_cap, f->n_tensors, sizeof(**offs), n_tensors))
+			return fail(r, -ENOMEM, "tensor #%" PRIu64 ": out of memory", i);
 		memset(&f->tensors[i], 0, sizeof(*f->tensors));
 		f->n_tensors++;
-		ret = rd_tensor(r, &f->tensors[i], &offs[i], f->alignment, i);
+		ret = rd_tensor(r, &f->tensors[i], &(*offs)[i], f->alignment, i);
 		if (ret)
-			goto out;
+			return ret;
 	}
 	ret = find_dup(f->tensors, sizeof(*f->tensors), f->n_tensors, &dup);
-	if (ret < 0) {
-		ret = fail(r, ret, "tensors: out of memory");
-		goto out;
-	}
-	if (ret) {
-		ret = fail(r, -EINVAL, "tensor '%s': appears more than once", show(name, dup));
-		goto out;
-	}
+	if (ret < 0)
+		return fail(r, ret, "tensors: out of memory");
+	if (ret)
+		return fail(r, -EINVAL, "tensor '%s': appears more than once", show(name, dup));
+	return 0;
+}
 
-	ret = 0;
-	if (f->n_tensors == 0)
-		goto out;
+/* Point each tensor at its data, which must lie inside the file. */
+static int place_data(struct rd *r, struct gguf_file *f, const uint64_t *offs)
+{
+	char name[GGUF_SHOW_MAX + 4];
+	size_t data_start;
+	uint64_t i;
+
 	/* the data section starts at the next multiple of the alignment */
 	data_start = r->pos + (f->alignment - r->pos % f->alignment) % f->alignment;
-	if (data_start < r->pos || data_start > r->size) {
-		ret = fail(r, -EINVAL, "tensor '%s': data section would start at %zu, past end of file (%zu bytes)",
-			   show(name, f->tensors[0].name), data_start, r->size);
-		goto out;
-	}
+	if (data_start < r->pos || data_start > r->size)
+		return fail(r, -EINVAL, "tensor '%s': data section would start at %zu, past end of file (%zu bytes)",
+			    show(name, f->tensors[0].name), data_start, r->size);
 	for (i = 0; i < f->n_tensors; i++) {
 		struct gguf_tensor *t = &f->tensors[i];
 		size_t room = r->size - data_start;
@@ -534,13 +529,28 @@ static int parse(struct rd *r, struct gguf_file *f)
 				end = UINT64_MAX;
 			if (beg < offs[i])
 				beg = UINT64_MAX;
-			ret = fail(r, -EINVAL, "tensor '%s': data [%" PRIu64 ", %" PRIu64 ") extends past end of file (%zu bytes)",
-				   show(name, t->name), beg, end, r->size);
-			goto out;
+			return fail(r, -EINVAL, "tensor '%s': data [%" PRIu64 ", %" PRIu64 ") extends past end of file (%zu bytes)",
+				    show(name, t->name), beg, end, r->size);
 		}
 		t->data = r->base + data_start + offs[i];
 	}
-out:
+	return 0;
+}
+
+static int parse(struct rd *r, struct gguf_file *f)
+{
+	uint64_t n_kv = 0, n_tensors = 0, *offs = NULL;
+	int ret;
+
+	ret = rd_header(r, f, &n_kv, &n_tensors);
+	if (!ret)
+		ret = rd_kvs(r, f, n_kv);
+	if (!ret)
+		ret = rd_alignment(r, f, &f->alignment);
+	if (!ret)
+		ret = rd_tensors(r, f, n_tensors, &offs);
+	if (!ret && f->n_tensors)
+		ret = place_data(r, f, offs);
 	free(offs);
 	return ret;
 }
@@ -648,139 +658,4 @@ void gguf_close(struct gguf_file *f)
 {
 	if (f)
 		release((struct gguf_priv *)((char *)f - offsetof(struct gguf_priv, f)));
-}
-
-const struct gguf_kv *gguf_find_kv(const struct gguf_file *f, const char *key)
-{
-	size_t len;
-	uint64_t i;
-
-	if (!f || !key)
-		return NULL;
-	len = strlen(key);
-	for (i = 0; i < f->n_kv; i++)
-		if (f->kv[i].key.len == len && !memcmp(f->kv[i].key.ptr, key, len))
-			return &f->kv[i];
-	return NULL;
-}
-
-const struct gguf_tensor *gguf_find_tensor(const struct gguf_file *f, const char *name)
-{
-	size_t len;
-	uint64_t i;
-
-	if (!f || !name)
-		return NULL;
-	len = strlen(name);
-	for (i = 0; i < f->n_tensors; i++)
-		if (f->tensors[i].name.len == len && !memcmp(f->tensors[i].name.ptr, name, len))
-			return &f->tensors[i];
-	return NULL;
-}
-
-/* Any integer kv as a u64; -EINVAL for other types and negative values. */
-static int kv_uint(const struct gguf_kv *kv, uint64_t *v)
-{
-	const void *p = kv->data;
-	int64_t s;
-
-	switch (kv->type) {
-	case GGUF_VT_U8:  *v = *(const uint8_t *)p; return 0;
-	case GGUF_VT_U16: { uint16_t x; memcpy(&x, p, 2); *v = x; return 0; }
-	case GGUF_VT_U32: *v = ld_u32(p); return 0;
-	case GGUF_VT_U64: *v = ld_u64(p); return 0;
-	case GGUF_VT_I8:  s = *(const int8_t *)p; break;
-	case GGUF_VT_I16: { int16_t x; memcpy(&x, p, 2); s = x; break; }
-	case GGUF_VT_I32: { int32_t x; memcpy(&x, p, 4); s = x; break; }
-	case GGUF_VT_I64: memcpy(&s, p, 8); break;
-	default:
-		return -EINVAL;
-	}
-	if (s < 0)
-		return -EINVAL;
-	*v = (uint64_t)s;
-	return 0;
-}
-
-int gguf_get_u32(const struct gguf_file *f, const char *key, uint32_t *out)
-{
-	const struct gguf_kv *kv = gguf_find_kv(f, key);
-	uint64_t v;
-
-	if (!kv)
-		return -ENOENT;
-	if (kv_uint(kv, &v) || v > UINT32_MAX)
-		return -EINVAL;
-	*out = (uint32_t)v;
-	return 0;
-}
-
-int gguf_get_f32(const struct gguf_file *f, const char *key, float *out)
-{
-	const struct gguf_kv *kv = gguf_find_kv(f, key);
-
-	if (!kv)
-		return -ENOENT;
-	if (kv->type == GGUF_VT_F32) {
-		memcpy(out, kv->data, sizeof(*out));
-		return 0;
-	}
-	if (kv->type == GGUF_VT_F64) {
-		double d;
-
-		memcpy(&d, kv->data, sizeof(d));
-		*out = (float)d;
-		return 0;
-	}
-	return -EINVAL;
-}
-
-int gguf_get_bool(const struct gguf_file *f, const char *key, int *out)
-{
-	const struct gguf_kv *kv = gguf_find_kv(f, key);
-
-	if (!kv)
-		return -ENOENT;
-	if (kv->type != GGUF_VT_BOOL)
-		return -EINVAL;
-	*out = *(const uint8_t *)kv->data != 0;
-	return 0;
-}
-
-int gguf_get_str(const struct gguf_file *f, const char *key, struct gguf_str *out)
-{
-	const struct gguf_kv *kv = gguf_find_kv(f, key);
-
-	if (!kv)
-		return -ENOENT;
-	if (kv->type != GGUF_VT_STRING)
-		return -EINVAL;
-	out->len = ld_u64(kv->data);
-	out->ptr = (const char *)kv->data + 8;
-	return 0;
-}
-
-int gguf_get_arr(const struct gguf_file *f, const char *key, uint32_t elem_type,
-		 const void **data, uint64_t *n)
-{
-	const struct gguf_kv *kv = gguf_find_kv(f, key);
-
-	if (!kv)
-		return -ENOENT;
-	if (kv->type != GGUF_VT_ARRAY || kv->arr_type != elem_type)
-		return -EINVAL;
-	if (data)
-		*data = kv->data;
-	if (n)
-		*n = kv->arr_len;
-	return 0;
-}
-
-struct gguf_str gguf_arr_str(const struct gguf_kv *kv, uint64_t i)
-{
-	struct gguf_str none = { NULL, 0 };
-
-	if (!kv || !kv->strs || i >= kv->arr_len)
-		return none;
-	return kv->strs[i];
 }
