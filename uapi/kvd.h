@@ -7,11 +7,11 @@
 /*
  * Conventions
  *
- * - Every struct here has a fixed size pinned by uapi/kvd_pins.h (compiled
- *   into the daemon and libkvclient, so layout drift breaks their builds); fields are
- *   naturally aligned and explicit resv/pad fields fill every hole. Senders
- *   zero reserved fields; receivers refuse non-zero ones with -EINVAL, so a
- *   later version can give them meaning.
+ * - Every struct here has a fixed size pinned by uapi/kvd_pins.h, which the
+ *   daemon and libkvclient compile, so layout drift breaks their builds.
+ *   Fields are naturally aligned and explicit resv/pad fields fill every
+ *   hole. Senders zero reserved fields; receivers refuse non-zero ones with
+ *   -EINVAL, so a later version can give them meaning.
  * - Shared regions are located by byte offsets from the start of the region,
  *   never by pointers.
  * - Results are 0 or a positive count on success, -errno on failure:
@@ -306,9 +306,10 @@ enum kvd_op {
 
 /*
  * 128 bytes, two cache lines; resv leaves room for later fields (senders
- * zero it, the daemon refuses an SQE with any of it set). Sampling knobs are fixed-point integers: the ABI carries no
- * floating point. temperature 0 means greedy; top_k 0, top_p_e4 0 or 10000,
- * min_p_e4 0 and repeat_penalty_milli 0 or 1000 each disable that filter.
+ * zero it; an SQE with any of it set completes -EINVAL). Sampling knobs are
+ * fixed-point integers: the ABI carries no floating point. temperature 0
+ * means greedy; top_k 0, top_p_e4 0 or 10000, min_p_e4 0 and
+ * repeat_penalty_milli 0 or 1000 each disable that filter.
  */
 struct kvd_sqe {
 	__u8	opcode;		/* enum kvd_op */
