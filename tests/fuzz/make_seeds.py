@@ -196,11 +196,12 @@ def ctrl_seeds():
 def sqe(op, flags=0, sid_live=True, user=1, toff=0, ntok=0, out=0, maxt=0, slot=0, target=0,
         prio=0, temp=0):
     prio |= 0x80 if sid_live else 0
-    return struct.pack("<BBHIQIIIIQHHHHHHIQ64x", op, prio, flags, 0, user, toff, ntok, out, maxt,
+    return struct.pack("<BBHIQIIIIQHHHHHHIQ", op, prio, flags, 0, user, toff, ntok, out, maxt,
                        7, temp, 0, 0, 0, 0, 0, slot, target)
 
 
 def put_sqe(q):
+    # fuzz_ring takes an SQE's first 64 bytes; its reserved tail stays zero.
     return b"\x01" + q
 
 
@@ -229,6 +230,9 @@ def ring_seeds():
         write(0, struct.pack("<I", 77)) + write(192, b"\xff" * 8) + b"\x02\x04\x02")
     put("close-open", "ring", b"\x0f" + put_sqe(gen) + b"\x02\x05\x00\x06" + put_sqe(gen) +
         b"\x02\x03\x01\x00\x00\x00\x05\x01\x02")
+    # A raw write sets the reserved tail of the SQE in slot 0 (SQEs start at 384).
+    put("sqe-resv", "ring", b"\x0a" + write(arena, prompt) + put_sqe(gen) +
+        write(384 + 64 + 7, b"\x01") + b"\x02\x04\x02")
     put("bad-sqes", "ring", b"\x0a" + put_sqe(sqe(9)) + put_sqe(sqe(1, ntok=5, toff=2)) +
         put_sqe(sqe(2, out=1 << 30, maxt=1)) + put_sqe(sqe(1, ntok=0x40000000)) +
         put_sqe(sqe(1, ntok=1, sid_live=False)) + put_sqe(sqe(2, maxt=1, slot=99)) +
