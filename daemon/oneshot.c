@@ -40,7 +40,7 @@ void oneshot_info(const struct model *m)
 	printf("tensor types");
 	for (uint32_t t = 0; t < GGUF_T_LAST; t++)
 		if (counts[t])
-			printf(" %s:%llu", gguf_type_name(t), (unsigned long long)counts[t]);
+			printf(" %s:%llu", kb_type_name(t), (unsigned long long)counts[t]);
 	printf("\n");
 }
 

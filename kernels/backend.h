@@ -125,23 +125,18 @@ struct backend_ops {
 		      uint32_t n, uint32_t dim);
 	/* x (n, dim) += y */
 	int (*add)(struct backend *b, float *x, const float *y, uint32_t n, uint32_t dim);
-	/* Store k, v (n, kv_dim) of one sequence at positions pos (n,) of kv. */
-	int (*write_kv)(struct backend *b, const struct kb_kv_view *kv, const uint32_t *pos,
-			uint32_t n, uint32_t kv_dim, const float *k, const float *v);
-	/*
-	 * Causal attention of n query rows of one sequence: out (n, n_heads *
-	 * head_dim) for q (n, n_heads * head_dim), row r attending to cache
-	 * positions 0..pos[r] of kv (which must already hold them). With an
-	 * f16 cache Q is rounded to f16 for the scores and the softmax weights
-	 * to f16 for the sum over V (as llama.cpp does); an f32 cache keeps
-	 * everything in f32.
-	 */
-	int (*attention)(struct backend *b, float *out, const float *q,
-			 const struct kb_kv_view *kv, const uint32_t *pos, uint32_t n,
-			 const struct kb_attn_shape *shape);
-	/* write_kv and attention for rows of many sequences at once (see kb_kv_rows). */
+	/* Store k, v (n, kv_dim) at positions pos (n,), row r through its own table of kv. */
 	int (*write_kv_rows)(struct backend *b, const struct kb_kv_rows *kv, const uint32_t *pos,
 			     uint32_t n, uint32_t kv_dim, const float *k, const float *v);
+	/*
+	 * Causal attention of n query rows of any sequences: out (n, n_heads *
+	 * head_dim) for q (n, n_heads * head_dim), row r attending to positions
+	 * 0..pos[r] of its sequence in kv (which must already hold them). With
+	 * an f16 cache Q is rounded to f16 for the scores and the softmax
+	 * weights to f16 for the sum over V (as llama.cpp does); an f32 cache
+	 * keeps everything in f32. (The CPU backend's single-sequence forms,
+	 * for tests, are in kernels/cpu/backend_cpu.h.)
+	 */
 	int (*attention_rows)(struct backend *b, float *out, const float *q,
 			      const struct kb_kv_rows *kv, const uint32_t *pos, uint32_t n,
 			      const struct kb_attn_shape *shape);
@@ -219,6 +214,8 @@ int backend_cuda_devices(char *why, size_t whylen);
 
 /* Elements and bytes per block of a type; -EINVAL for an unknown type. */
 int kb_type_block(uint32_t type, uint32_t *blk_elems, uint32_t *blk_bytes);
+/* "Q4_K", ...; "unknown" for a type kb_type_block() refuses. */
+const char *kb_type_name(uint32_t type);
 
 #ifdef __cplusplus
 }

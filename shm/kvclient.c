@@ -13,6 +13,7 @@
 #include <unistd.h>
 #include "shm/kvclient.h"
 #include "shm/kvring.h"
+#include "uapi/kvd_pins.h"
 
 #define KVC_SPIN_US_DEFAULT 50
 #define KVC_MAX_FDS 4		/* more than any reply carries, so extras are seen and closed */

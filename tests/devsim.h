@@ -70,18 +70,6 @@ static int ds_add(struct backend *b, float *x, const float *y, uint32_t n, uint3
 	return DS_CPU(b)->ops->add(DS_CPU(b), x, y, n, dim);
 }
 
-static int ds_write_kv(struct backend *b, const struct kb_kv_view *kv, const uint32_t *pos,
-		       uint32_t n, uint32_t kv_dim, const float *k, const float *v)
-{
-	return DS_CPU(b)->ops->write_kv(DS_CPU(b), kv, pos, n, kv_dim, k, v);
-}
-
-static int ds_attention(struct backend *b, float *out, const float *q, const struct kb_kv_view *kv,
-			const uint32_t *pos, uint32_t n, const struct kb_attn_shape *sh)
-{
-	return DS_CPU(b)->ops->attention(DS_CPU(b), out, q, kv, pos, n, sh);
-}
-
 static int ds_write_kv_rows(struct backend *b, const struct kb_kv_rows *kv, const uint32_t *pos,
 			    uint32_t n, uint32_t kv_dim, const float *k, const float *v)
 {
@@ -203,8 +191,8 @@ static int devsim_create(struct backend **out, uint32_t n_threads)
 	d->ops = (struct backend_ops){
 		.name = "devsim", .destroy = ds_destroy, .matmul = ds_matmul,
 		.matmul_multi = ds_matmul_multi, .get_rows = ds_get_rows, .rmsnorm = ds_rmsnorm,
-		.rope = ds_rope, .swiglu = ds_swiglu, .add = ds_add, .write_kv = ds_write_kv,
-		.attention = ds_attention, .write_kv_rows = ds_write_kv_rows,
+		.rope = ds_rope, .swiglu = ds_swiglu, .add = ds_add,
+		.write_kv_rows = ds_write_kv_rows,
 		.attention_rows = ds_attention_rows, .add_rmsnorm = ds_add_rmsnorm,
 		.argmax = ds_argmax, .buf_alloc = ds_buf_alloc, .buf_free = ds_buf_free,
 		.upload = ds_upload, .download = ds_download, .copy = ds_copy, .import = ds_import,

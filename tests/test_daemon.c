@@ -1113,6 +1113,7 @@ enum sqe_bad {
 	SB_TOKENS_STRADDLE, SB_TOKENS_WRAP, SB_TOKENS_HUGE, SB_OUT_MISALIGNED, SB_OUT_PAST,
 	SB_TOKEN_RANGE, SB_FLAG_BIT5, SB_FLAG_BIT15, SB_TARGET, SB_E2BIG, SB_PRIORITY,
 	SB_MAX_ZERO, SB_PROMPT_EMPTY, SB_CHAT_NO_TEXT, SB_TOP_P, SB_DECODE_PROMPT, SB_CANCEL_NONE,
+	SB_RESV,
 };
 
 static const struct {
@@ -1144,6 +1145,7 @@ static const struct {
 	{ SB_TOP_P, "top_p_e4 10001", -EINVAL },
 	{ SB_DECODE_PROMPT, "DECODE carrying a prompt", -EINVAL },
 	{ SB_CANCEL_NONE, "CANCEL of a request never submitted", -ENOENT },
+	{ SB_RESV, "nonzero SQE resv", -EINVAL },
 };
 
 static void sqe_mangle(struct raw *r, struct kvd_sqe *q, enum sqe_bad bad)
@@ -1175,6 +1177,7 @@ static void sqe_mangle(struct raw *r, struct kvd_sqe *q, enum sqe_bad bad)
 		*q = (struct kvd_sqe){ .opcode = KVD_OP_CANCEL, .session_id = q->session_id,
 				       .user_data = q->user_data, .target_user_data = 12345 };
 		break;
+	case SB_RESV: q->resv[7] = 1; break;
 	}
 }
 
@@ -1234,7 +1237,7 @@ static void test_malformed_sqes(void **state)
 
 enum msg_bad {
 	MB_MAGIC, MB_SHORT, MB_TRUNC_HELLO, MB_LEN_FIELD, MB_TYPE_99, MB_TYPE_0, MB_TYPE_ERROR,
-	MB_HDR_FLAGS, MB_HDR_STATUS, MB_HDR_RESV, MB_HELLO_RESV, MB_ABI_2, MB_ABI_0,
+	MB_HDR_FLAGS, MB_HDR_STATUS, MB_HDR_RESV, MB_HELLO_RESV, MB_ABI_NEXT, MB_ABI_0,
 	MB_OPEN_RESV, MB_OPEN_SQ3, MB_CLOSE_UNKNOWN, MB_CLOSE_RESV, MB_STATS_LONG, MB_HUGE,
 };
 
@@ -1256,7 +1259,7 @@ static const struct {
 	{ MB_HDR_STATUS, "nonzero status on a request", KVD_MSG_ERROR, -EINVAL, -EINVAL },
 	{ MB_HDR_RESV, "nonzero hdr.resv", KVD_MSG_ERROR, -EINVAL, -EINVAL },
 	{ MB_HELLO_RESV, "nonzero HELLO resv", KVD_MSG_HELLO, -EINVAL, -EINVAL },
-	{ MB_ABI_2, "ABI version 2", KVD_MSG_HELLO, -EPROTO, -EPROTO },
+	{ MB_ABI_NEXT, "the next ABI version", KVD_MSG_HELLO, -EPROTO, -EPROTO },
 	{ MB_ABI_0, "ABI version 0", KVD_MSG_HELLO, -EPROTO, -EPROTO },
 	{ MB_OPEN_RESV, "nonzero SESSION_OPEN resv0", KVD_MSG_SESSION_OPEN, -EINVAL, -EINVAL },
 	{ MB_OPEN_SQ3, "SESSION_OPEN sq_entries 3", KVD_MSG_SESSION_OPEN, -EINVAL, -EINVAL },
@@ -1289,7 +1292,7 @@ static size_t msg_mangle(uint8_t *buf, enum msg_bad bad, uint32_t seq)
 	case MB_HDR_STATUS: h->hdr.status = -EIO; break;
 	case MB_HDR_RESV: h->hdr.resv = 1; break;
 	case MB_HELLO_RESV: h->resv[1] = 1; break;
-	case MB_ABI_2: h->abi_version = 2; break;
+	case MB_ABI_NEXT: h->abi_version = KVD_ABI_VERSION + 1; break;
 	case MB_ABI_0: h->abi_version = 0; break;
 	case MB_OPEN_RESV:
 	case MB_OPEN_SQ3:

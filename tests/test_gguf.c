@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "daemon/model/gguf.h"
+#include "kernels/backend.h"
 
 #define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -955,14 +956,15 @@ static void test_type_geometry(void **state)
 
 	(void)state;
 	for (i = 0; i < sizeof(g) / sizeof(g[0]); i++) {
-		assert_int_equal(gguf_type_block(g[i].t, &e, &b), 0);
+		assert_int_equal(kb_type_block(g[i].t, &e, &b), 0);
 		assert_int_equal(e, g[i].e);
 		assert_int_equal(b, g[i].b);
-		assert_string_equal(gguf_type_name(g[i].t), g[i].name);
+		assert_string_equal(kb_type_name(g[i].t), g[i].name);
 	}
-	assert_int_equal(gguf_type_block(6, &e, &b), -ENOTSUP);
-	assert_int_equal(gguf_type_block(GGUF_T_LAST, &e, &b), -ENOTSUP);
-	assert_non_null(gguf_type_name(99));
+	assert_int_equal(kb_type_block(6, &e, &b), -EINVAL);
+	assert_int_equal(kb_type_block(GGUF_T_LAST, &e, &b), -EINVAL);
+	assert_int_equal(kb_type_block(UINT32_MAX, NULL, NULL), -EINVAL);
+	assert_string_equal(kb_type_name(99), "unknown");
 }
 
 int main(void)

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/backend_cpu.h"
 #include "kernels/cpu/dot.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/quant.h"
@@ -1062,7 +1063,7 @@ static void test_attention_paths(void **state)
 					 .block_tokens = 64, .block_bytes = 2 * half, .k_off = 0,
 					 .v_off = half, .row_bytes = esz * KVH * HD, .type = type };
 		assert_non_null(cache);
-		assert_int_equal(be->ops->write_kv(be, &kv, pos, CTX, KVH * HD, k, v), 0);
+		assert_int_equal(backend_cpu_write_kv(be, &kv, pos, CTX, KVH * HD, k, v), 0);
 		for (uint32_t group = 1; group <= 3; group += 2) {
 			struct kb_attn_shape sh = { .n_heads = group * KVH, .n_kv_heads = KVH,
 						    .head_dim = HD, .scale = 0.125f };
@@ -1126,7 +1127,7 @@ static void test_attention(void **state)
 		/* Written in uneven chunks; the cache holds exactly each value in its type, in place. */
 		for (uint32_t p = 0; p < AT_P; p += 37) {
 			uint32_t m = AT_P - p < 37 ? AT_P - p : 37;
-			assert_int_equal(be[1]->ops->write_kv(be[1], &kv, pos + p, m, kv_dim,
+			assert_int_equal(backend_cpu_write_kv(be[1], &kv, pos + p, m, kv_dim,
 							      k + p * kv_dim, v + p * kv_dim), 0);
 		}
 		for (uint32_t i = 0; i < AT_P * kv_dim; i++) {
@@ -1148,11 +1149,11 @@ static void test_attention(void **state)
 			const uint32_t *qp = pos + (si ? 0 : AT_P - AT_N);
 			for (uint32_t i = 0; i < AT_N * qd; i++)
 				q[i] = rng_f(-1.0f, 1.0f) * (si ? 3.0f : 1.0f);
-			assert_int_equal(be[1]->ops->attention(be[1], out, q, &kv, qp, AT_N, &sh), 0);
+			assert_int_equal(backend_cpu_attention(be[1], out, q, &kv, qp, AT_N, &sh), 0);
 			for (uint32_t r = 0; r < AT_N; r++) {
 				/* One row per call, either thread count: the same bits. */
 				for (int b = 0; b < 2; b++) {
-					assert_int_equal(be[b]->ops->attention(be[b], one, q + r * qd, &kv,
+					assert_int_equal(backend_cpu_attention(be[b], one, q + r * qd, &kv,
 									       qp + r, 1, &sh), 0);
 					if (memcmp(one, out + r * qd, sizeof(float) * qd))
 						fail_msg("group %u head_dim %u pos %u: row alone (%u threads) differs from the batch",
@@ -1170,15 +1171,15 @@ static void test_attention(void **state)
 		uint32_t far = AT_CTX;
 		struct kb_attn_shape bad = sh;
 		struct kb_kv_view badkv = kv;
-		assert_int_equal(be[1]->ops->attention(be[1], out, q, &kv, &far, 1, &sh), -ERANGE);
-		assert_int_equal(be[1]->ops->write_kv(be[1], &kv, &far, 1, kv_dim, k, v), -ERANGE);
+		assert_int_equal(backend_cpu_attention(be[1], out, q, &kv, &far, 1, &sh), -ERANGE);
+		assert_int_equal(backend_cpu_write_kv(be[1], &kv, &far, 1, kv_dim, k, v), -ERANGE);
 		bad.n_heads = AT_KVH * 3 + 1;
-		assert_int_equal(be[1]->ops->attention(be[1], out, q, &kv, pos, 1, &bad), -EINVAL);
+		assert_int_equal(backend_cpu_attention(be[1], out, q, &kv, pos, 1, &bad), -EINVAL);
 		bad.n_heads = AT_KVH * 17;
-		assert_int_equal(be[1]->ops->attention(be[1], out, q, &kv, pos, 1, &bad), -EINVAL);
+		assert_int_equal(backend_cpu_attention(be[1], out, q, &kv, pos, 1, &bad), -EINVAL);
 		badkv.type = KB_Q4_1;
-		assert_int_equal(be[1]->ops->attention(be[1], out, q, &badkv, pos, 1, &sh), -ENOTSUP);
-		assert_int_equal(be[1]->ops->write_kv(be[1], &badkv, pos, 1, kv_dim, k, v), -ENOTSUP);
+		assert_int_equal(backend_cpu_attention(be[1], out, q, &badkv, pos, 1, &sh), -ENOTSUP);
+		assert_int_equal(backend_cpu_write_kv(be[1], &badkv, pos, 1, kv_dim, k, v), -ENOTSUP);
 		free(kvbuf);
 		free(k);
 		free(v);

@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/backend_cpu.h"
 
 #define HD 64
 #define KVH 2
@@ -86,12 +87,12 @@ static void check(struct backend *be, uint32_t type, uint32_t bt, uint32_t group
 	/* Written in two uneven calls, as a prefill chunk and a decode would. */
 	for (int w = 0; w < 2; w++) {
 		const struct kb_kv_view *kv = w ? &contig : &paged;
-		assert_int_equal(be->ops->write_kv(be, kv, pos, 97, kv_dim, k, v), 0);
-		assert_int_equal(be->ops->write_kv(be, kv, pos + 97, NPOS - 97, kv_dim,
-						   k + 97 * kv_dim, v + 97 * kv_dim), 0);
+		assert_int_equal(backend_cpu_write_kv(be, kv, pos, 97, kv_dim, k, v), 0);
+		assert_int_equal(backend_cpu_write_kv(be, kv, pos + 97, NPOS - 97, kv_dim,
+						      k + 97 * kv_dim, v + 97 * kv_dim), 0);
 	}
-	assert_int_equal(be->ops->attention(be, o1, q, &paged, pos + NPOS - NQ, NQ, &sh), 0);
-	assert_int_equal(be->ops->attention(be, o2, q, &contig, pos + NPOS - NQ, NQ, &sh), 0);
+	assert_int_equal(backend_cpu_attention(be, o1, q, &paged, pos + NPOS - NQ, NQ, &sh), 0);
+	assert_int_equal(backend_cpu_attention(be, o2, q, &contig, pos + NPOS - NQ, NQ, &sh), 0);
 	double num = 0, den = 0;
 	for (uint32_t i = 0; i < NQ * qd; i++) {
 		num += (double)(o1[i] - o2[i]) * (o1[i] - o2[i]);
@@ -102,7 +103,7 @@ static void check(struct backend *be, uint32_t type, uint32_t bt, uint32_t group
 			 group, sqrt(num / den));
 	/* A position past the table is refused, not read. */
 	uint32_t far = nblk * bt;
-	assert_int_equal(be->ops->attention(be, o1, q, &paged, &far, 1, &sh), -ERANGE);
+	assert_int_equal(backend_cpu_attention(be, o1, q, &paged, &far, 1, &sh), -ERANGE);
 	free(pool);
 	free(table);
 	free(perm);

@@ -10,119 +10,40 @@
 #include <cmocka.h>
 
 #include "uapi/kvd.h"
+#include "uapi/kvd_pins.h"
 #include "shm/kvring.h"
 #include "shm/kvclient.h"
 
-#define PIN(type, field, off) \
-	_Static_assert(offsetof(type, field) == (off), #type "." #field " moved")
-
-_Static_assert(sizeof(struct kvd_msg_hdr) == 24, "msg hdr size");
-PIN(struct kvd_msg_hdr, magic, 0);
-PIN(struct kvd_msg_hdr, type, 4);
-PIN(struct kvd_msg_hdr, flags, 6);
-PIN(struct kvd_msg_hdr, len, 8);
-PIN(struct kvd_msg_hdr, seq, 12);
-PIN(struct kvd_msg_hdr, status, 16);
-PIN(struct kvd_msg_hdr, resv, 20);
-
-_Static_assert(sizeof(struct kvd_hello_req) == 48, "hello req size");
-PIN(struct kvd_hello_req, abi_version, 24);
-PIN(struct kvd_hello_req, features, 28);
-PIN(struct kvd_hello_req, resv, 32);
-
-_Static_assert(sizeof(struct kvd_hello_rep) == 192, "hello rep size");
-PIN(struct kvd_hello_rep, abi_version, 24);
-PIN(struct kvd_hello_rep, vocab_size, 32);
-PIN(struct kvd_hello_rep, kv_block_tokens, 68);
-PIN(struct kvd_hello_rep, kv_blocks_total, 72);
-PIN(struct kvd_hello_rep, model_name, 80);
-PIN(struct kvd_hello_rep, backend, 144);
-PIN(struct kvd_hello_rep, flags, 160);
-PIN(struct kvd_hello_rep, vocab_bytes, 164);
-PIN(struct kvd_hello_rep, max_tokens, 168);
-PIN(struct kvd_hello_rep, max_slots, 172);
-PIN(struct kvd_hello_rep, resv, 176);
-_Static_assert(sizeof(struct kvd_vocab_hdr) == 64, "vocab hdr size");
-PIN(struct kvd_vocab_hdr, n_tokens, 4);
-PIN(struct kvd_vocab_hdr, offsets_off, 8);
-PIN(struct kvd_vocab_hdr, bytes_off, 16);
-PIN(struct kvd_vocab_hdr, bytes_len, 24);
-PIN(struct kvd_vocab_hdr, flags_off, 32);
-
-_Static_assert(sizeof(struct kvd_session_open_req) == 56, "open req size");
-PIN(struct kvd_session_open_req, sq_entries, 24);
-PIN(struct kvd_session_open_req, arena_bytes, 32);
-PIN(struct kvd_session_open_req, resv, 40);
-
-_Static_assert(sizeof(struct kvd_session_open_rep) == 96, "open rep size");
-PIN(struct kvd_session_open_rep, session_id, 24);
-PIN(struct kvd_session_open_rep, region_bytes, 40);
-PIN(struct kvd_session_open_rep, sq_off, 48);
-PIN(struct kvd_session_open_rep, sqes_off, 56);
-PIN(struct kvd_session_open_rep, cq_off, 64);
-PIN(struct kvd_session_open_rep, cqes_off, 72);
-PIN(struct kvd_session_open_rep, arena_off, 80);
-PIN(struct kvd_session_open_rep, arena_bytes, 88);
-
-_Static_assert(sizeof(struct kvd_session_close_req) == 32, "close req size");
-_Static_assert(sizeof(struct kvd_stats_rep) == 144, "stats rep size");
-PIN(struct kvd_stats_rep, requests, 24);
-PIN(struct kvd_stats_rep, preemptions, 96);
-PIN(struct kvd_stats_rep, connections, 104);
-PIN(struct kvd_stats_rep, steps, 112);
-PIN(struct kvd_stats_rep, resv, 120);
-
-/* The ring's two indices live on separate 64-byte cache lines. */
-_Static_assert(sizeof(struct kvd_ring_hdr) == 192, "ring hdr size");
-PIN(struct kvd_ring_hdr, head, 0);
-PIN(struct kvd_ring_hdr, tail, 64);
-PIN(struct kvd_ring_hdr, ring_mask, 128);
-PIN(struct kvd_ring_hdr, ring_entries, 132);
-PIN(struct kvd_ring_hdr, flags, 136);
-PIN(struct kvd_ring_hdr, overflow, 140);
-
-_Static_assert(sizeof(struct kvd_sqe) == 64, "sqe size");
-PIN(struct kvd_sqe, opcode, 0);
-PIN(struct kvd_sqe, priority, 1);
-PIN(struct kvd_sqe, flags, 2);
-PIN(struct kvd_sqe, session_id, 4);
-PIN(struct kvd_sqe, user_data, 8);
-PIN(struct kvd_sqe, tokens_off, 16);
-PIN(struct kvd_sqe, n_tokens, 20);
-PIN(struct kvd_sqe, out_off, 24);
-PIN(struct kvd_sqe, max_tokens, 28);
-PIN(struct kvd_sqe, seed, 32);
-PIN(struct kvd_sqe, temperature_milli, 40);
-PIN(struct kvd_sqe, top_k, 42);
-PIN(struct kvd_sqe, top_p_e4, 44);
-PIN(struct kvd_sqe, min_p_e4, 46);
-PIN(struct kvd_sqe, repeat_penalty_milli, 48);
-PIN(struct kvd_sqe, repeat_last_n, 50);
-PIN(struct kvd_sqe, slot, 52);
-PIN(struct kvd_sqe, target_user_data, 56);
-
-_Static_assert(sizeof(struct kvd_cqe) == 32, "cqe size");
-PIN(struct kvd_cqe, user_data, 0);
-PIN(struct kvd_cqe, res, 8);
-PIN(struct kvd_cqe, flags, 12);
-PIN(struct kvd_cqe, token, 16);
-PIN(struct kvd_cqe, n_out, 20);
-PIN(struct kvd_cqe, slot, 24);
-PIN(struct kvd_cqe, resv, 28);
+/* Every size and offset is pinned at compile time by uapi/kvd_pins.h, the same
+ * header the daemon and libkvclient compile. */
 
 /* Runtime checks of the same facts, so a compiler that packs differently shows up as a failure too. */
 static void test_sizes_runtime(void **state)
 {
 	(void)state;
-	assert_int_equal(sizeof(struct kvd_sqe), 64);
+	assert_int_equal(sizeof(struct kvd_sqe), 128);
 	assert_int_equal(sizeof(struct kvd_cqe), 32);
 	assert_int_equal(offsetof(struct kvd_ring_hdr, tail) / 64, 1);
 	assert_int_equal(offsetof(struct kvd_ring_hdr, ring_mask) / 64, 2);
 	assert_int_equal(_Alignof(struct kvd_sqe), 8);
 	assert_int_equal(_Alignof(struct kvd_cqe), 8);
-	/* 64 SQEs tile a 4 KiB page exactly; entries never straddle lines. */
+	/* 32 SQEs tile a 4 KiB page exactly; entries never straddle lines. */
 	assert_int_equal(4096 % sizeof(struct kvd_sqe), 0);
 	assert_int_equal(64 % sizeof(struct kvd_cqe), 0);
+	assert_int_equal(sizeof(struct kvd_sqe) % 64, 0);
+}
+
+/* The SQE builders zero the reserved tail the daemon checks. */
+static void test_prep_zeroes_resv(void **state)
+{
+	(void)state;
+	struct kvd_sqe q;
+	memset(&q, 0xa5, sizeof(q));
+	kvc_prep_generate(&q, 1, 0, 7, 0, 4, 16, 8);
+	for (size_t i = 0; i < sizeof(q.resv) / sizeof(q.resv[0]); i++)
+		assert_int_equal(q.resv[i], 0);
+	assert_int_equal(q.opcode, KVD_OP_GENERATE);
+	assert_int_equal(q.user_data, 7);
 }
 
 static void test_constants(void **state)
@@ -130,7 +51,7 @@ static void test_constants(void **state)
 	(void)state;
 	assert_memory_equal(&(uint32_t){KVD_MAGIC}, "KVD1", 4);
 	assert_memory_equal(&(uint32_t){KVD_VOCAB_MAGIC}, "KVDV", 4);
-	assert_int_equal(KVD_ABI_VERSION, 1);
+	assert_int_equal(KVD_ABI_VERSION, 2);
 	assert_int_equal(KVD_FEAT_ALL, 0x7f);
 	assert_int_equal(KVD_MSG_LAST, 6);
 	assert_int_equal(KVD_OP_LAST, 6);
@@ -246,6 +167,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_sizes_runtime),
+		cmocka_unit_test(test_prep_zeroes_resv),
 		cmocka_unit_test(test_constants),
 		cmocka_unit_test(test_reply_check),
 		cmocka_unit_test(test_ring_spsc),

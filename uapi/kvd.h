@@ -1,4 +1,4 @@
-/* kvd.h — the ABI between the kvd daemon and its clients (version 1). */
+/* kvd.h — the ABI between the kvd daemon and its clients (version 2). */
 #ifndef _UAPI_KVD_H
 #define _UAPI_KVD_H
 
@@ -7,10 +7,11 @@
 /*
  * Conventions
  *
- * - Every struct here has a fixed size pinned by tests/test_uapi.c; fields are
- *   naturally aligned and explicit resv/pad fields fill every hole. Senders
- *   zero reserved fields; receivers refuse non-zero ones with -EINVAL, so a
- *   later version can give them meaning.
+ * - Every struct here has a fixed size pinned by uapi/kvd_pins.h, which the
+ *   daemon and libkvclient compile, so layout drift breaks their builds.
+ *   Fields are naturally aligned and explicit resv/pad fields fill every
+ *   hole. Senders zero reserved fields; receivers refuse non-zero ones with
+ *   -EINVAL, so a later version can give them meaning.
  * - Shared regions are located by byte offsets from the start of the region,
  *   never by pointers.
  * - Results are 0 or a positive count on success, -errno on failure:
@@ -52,7 +53,8 @@
  */
 
 #define KVD_MAGIC        0x3144564bU /* "KVD1" little-endian */
-#define KVD_ABI_VERSION  1U
+/* 2: struct kvd_sqe grew to 128 bytes with a reserved tail. */
+#define KVD_ABI_VERSION  2U
 
 /* Feature bits, offered by the client in HELLO and acknowledged by the daemon. */
 #define KVD_FEAT_RING_WAKEUP   (1U << 0) /* NEED_WAKEUP flags are honoured both ways */
@@ -303,9 +305,11 @@ enum kvd_op {
 #define KVD_PRIO_BACKGROUND	1
 
 /*
- * 64 bytes. Sampling knobs are fixed-point integers: the ABI carries no
- * floating point. temperature 0 means greedy; top_k 0, top_p_e4 0 or 10000,
- * min_p_e4 0 and repeat_penalty_milli 0 or 1000 each disable that filter.
+ * 128 bytes, two cache lines; resv leaves room for later fields (senders
+ * zero it; an SQE with any of it set completes -EINVAL). Sampling knobs are
+ * fixed-point integers: the ABI carries no floating point. temperature 0
+ * means greedy; top_k 0, top_p_e4 0 or 10000, min_p_e4 0 and
+ * repeat_penalty_milli 0 or 1000 each disable that filter.
  */
 struct kvd_sqe {
 	__u8	opcode;		/* enum kvd_op */
@@ -326,6 +330,7 @@ struct kvd_sqe {
 	__u16	repeat_last_n;	/* window of the penalty, in tokens */
 	__u32	slot;		/* sequence slot within the session */
 	__u64	target_user_data; /* CANCEL: the request to cancel; else zero */
+	__u64	resv[8];	/* zero */
 };
 
 /* kvd_cqe.flags */

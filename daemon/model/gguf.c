@@ -1,4 +1,4 @@
-/* gguf.c — validating reader of GGUF v2/v3 files, mmap'd or in a caller buffer. */
+/* gguf.c — validating reader of GGUF v2/v3 files, mmap'd or in a caller buffer: the parser. */
 #include "daemon/model/gguf.h"
 
 #include <errno.h>
@@ -13,11 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "daemon/log.h"
-
-/* Values are read in place from the mapping, so the host must match the file. */
-#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "gguf.c reads little-endian GGUF files in place; big-endian hosts are not supported"
-#endif
+#include "daemon/model/gguf_int.h"
 
 #define GGUF_MAGIC		0x46554747u	/* "GGUF" read as a little-endian u32 */
 #define GGUF_HDR_BYTES		24		/* magic, version, n_tensors, n_kv */
@@ -82,22 +78,6 @@ static size_t left(const struct rd *r)
 	return r->size - r->pos;
 }
 
-static uint32_t ld_u32(const void *p)
-{
-	uint32_t v;
-
-	memcpy(&v, p, sizeof(v));
-	return v;
-}
-
-static uint64_t ld_u64(const void *p)
-{
-	uint64_t v;
-
-	memcpy(&v, p, sizeof(v));
-	return v;
-}
-
 /* ctx names what is being read ("key 'x'", "tensor #3"), field the item. */
 static int rd_u32(struct rd *r, uint32_t *v, const char *ctx, const char *field)
 {
@@ -151,44 +131,6 @@ static const char *const vt_name[GGUF_VT_LAST] = {
 	[GGUF_VT_ARRAY] = "array", [GGUF_VT_U64] = "u64", [GGUF_VT_I64] = "i64",
 	[GGUF_VT_F64] = "f64",
 };
-
-int gguf_type_block(uint32_t type, uint32_t *blk_elems, uint32_t *blk_bytes)
-{
-	uint32_t e, b;
-
-	switch (type) {
-	case GGUF_T_F32:  e = 1;   b = 4;   break;
-	case GGUF_T_F16:  e = 1;   b = 2;   break;
-	case GGUF_T_BF16: e = 1;   b = 2;   break;
-	case GGUF_T_Q4_0: e = 32;  b = 18;  break;	/* f16 d, 16 B of nibbles */
-	case GGUF_T_Q4_1: e = 32;  b = 20;  break;	/* f16 d, f16 m, 16 B of nibbles */
-	case GGUF_T_Q8_0: e = 32;  b = 34;  break;	/* f16 d, 32 int8 */
-	case GGUF_T_Q4_K: e = 256; b = 144; break;	/* d, dmin, 12 B scales, 128 B nibbles */
-	case GGUF_T_Q6_K: e = 256; b = 210; break;	/* 128 B ql, 64 B qh, 16 scales, d */
-	default:
-		return -ENOTSUP;
-	}
-	if (blk_elems)
-		*blk_elems = e;
-	if (blk_bytes)
-		*blk_bytes = b;
-	return 0;
-}
-
-const char *gguf_type_name(uint32_t type)
-{
-	switch (type) {
-	case GGUF_T_F32:  return "F32";
-	case GGUF_T_F16:  return "F16";
-	case GGUF_T_BF16: return "BF16";
-	case GGUF_T_Q4_0: return "Q4_0";
-	case GGUF_T_Q4_1: return "Q4_1";
-	case GGUF_T_Q8_0: return "Q8_0";
-	case GGUF_T_Q4_K: return "Q4_K";
-	case GGUF_T_Q6_K: return "Q6_K";
-	default:	  return "unknown";
-	}
-}
 
 /*
  * Grow *arr (of elsize-byte entries, *cap of them) to hold n+1. Doubling from
@@ -424,11 +366,11 @@ static int rd_tensor(struct rd *r, struct gguf_tensor *t, uint64_t *off,
 	ret = rd_u32(r, &t->type, ctx, "type");
 	if (ret)
 		return ret;
-	if (gguf_type_block(t->type, &be, &bb))
+	if (kb_type_block(t->type, &be, &bb))
 		return fail(r, -ENOTSUP, "%s: unsupported tensor type %u", ctx, t->type);
 	if (t->ne[0] % be)
 		return fail(r, -EINVAL, "%s: ne[0] = %" PRIu64 " is not a multiple of the %s block size (%u)",
-			    ctx, t->ne[0], gguf_type_name(t->type), be);
+			    ctx, t->ne[0], kb_type_name(t->type), be);
 	/* n is a multiple of be because ne[0] is */
 	if (mul_ovf(n / be, bb, &t->size))
 		return fail(r, -EINVAL, "%s: byte size overflows", ctx);
@@ -461,14 +403,10 @@ static int rd_alignment(struct rd *r, const struct gguf_file *f, uint64_t *align
 	return 0;
 }
 
-static int parse(struct rd *r, struct gguf_file *f)
+/* The fixed header: magic, version and the two counts, each bounded by the bytes left. */
+static int rd_header(struct rd *r, struct gguf_file *f, uint64_t *n_kv, uint64_t *n_tensors)
 {
-	char name[GGUF_SHOW_MAX + 4];
-	uint64_t n_kv, n_tensors, i, *offs = NULL;
-	size_t kv_cap = 0, t_cap = 0, o_cap = 0, data_start;
-	struct gguf_str dup;
 	uint32_t magic;
-	int ret;
 
 	if (r->size < GGUF_HDR_BYTES)
 		return fail(r, -EINVAL, "header: file is %zu bytes, smaller than a GGUF header (%d)",
@@ -484,20 +422,31 @@ static int parse(struct rd *r, struct gguf_file *f)
 			return fail(r, -EINVAL, "header: big-endian GGUF files are not supported");
 		return fail(r, -EINVAL, "header: unsupported GGUF version %u (only 2 and 3)", f->version);
 	}
-	n_tensors = ld_u64(r->base + 8);
-	n_kv = ld_u64(r->base + 16);
+	*n_tensors = ld_u64(r->base + 8);
+	*n_kv = ld_u64(r->base + 16);
 	r->pos = GGUF_HDR_BYTES;
 
 	/* each bounded alone first so the sum below cannot overflow */
-	if (n_kv > left(r) / GGUF_MIN_KV_BYTES)
+	if (*n_kv > left(r) / GGUF_MIN_KV_BYTES)
 		return fail(r, -EINVAL, "header: key count %" PRIu64 " cannot fit in a file of %zu bytes",
-			    n_kv, r->size);
-	if (n_tensors > left(r) / GGUF_MIN_TENSOR_BYTES)
+			    *n_kv, r->size);
+	if (*n_tensors > left(r) / GGUF_MIN_TENSOR_BYTES)
 		return fail(r, -EINVAL, "header: tensor count %" PRIu64 " cannot fit in a file of %zu bytes",
-			    n_tensors, r->size);
-	if (n_kv * GGUF_MIN_KV_BYTES + n_tensors * GGUF_MIN_TENSOR_BYTES > left(r))
+			    *n_tensors, r->size);
+	if (*n_kv * GGUF_MIN_KV_BYTES + *n_tensors * GGUF_MIN_TENSOR_BYTES > left(r))
 		return fail(r, -EINVAL, "header: %" PRIu64 " keys and %" PRIu64 " tensors cannot fit in a file of %zu bytes",
-			    n_kv, n_tensors, r->size);
+			    *n_kv, *n_tensors, r->size);
+	return 0;
+}
+
+/* The n_kv key/value pairs into f->kv; a key may appear once. */
+static int rd_kvs(struct rd *r, struct gguf_file *f, uint64_t n_kv)
+{
+	char name[GGUF_SHOW_MAX + 4];
+	size_t kv_cap = 0;
+	struct gguf_str dup;
+	uint64_t i;
+	int ret;
 
 	for (i = 0; i < n_kv; i++) {
 		if (grow((void **)&f->kv, &kv_cap, f->n_kv, sizeof(*f->kv), n_kv))
@@ -514,43 +463,51 @@ static int parse(struct rd *r, struct gguf_file *f)
 		return fail(r, ret, "keys: out of memory");
 	if (ret)
 		return fail(r, -EINVAL, "key '%s': appears more than once", show(name, dup));
+	return 0;
+}
 
-	ret = rd_alignment(r, f, &f->alignment);
-	if (ret)
-		return ret;
+/*
+ * The n_tensors tensor infos into f->tensors and their data offsets into
+ * *offs (the caller frees it, also on failure); a name may appear once.
+ */
+static int rd_tensors(struct rd *r, struct gguf_file *f, uint64_t n_tensors, uint64_t **offs)
+{
+	char name[GGUF_SHOW_MAX + 4];
+	size_t t_cap = 0, o_cap = 0;
+	struct gguf_str dup;
+	uint64_t i;
+	int ret;
 
 	for (i = 0; i < n_tensors; i++) {
 		if (grow((void **)&f->tensors, &t_cap, f->n_tensors, sizeof(*f->tensors), n_tensors) ||
-		    grow((void **)&offs, &o_cap, f->n_tensors, sizeof(*offs), n_tensors)) {
-			ret = fail(r, -ENOMEM, "tensor #%" PRIu64 ": out of memory", i);
-			goto out;
-		}
+		    grow((void **)offs, &o_cap, f->n_tensors, sizeof(**offs), n_tensors))
+			return fail(r, -ENOMEM, "tensor #%" PRIu64 ": out of memory", i);
 		memset(&f->tensors[i], 0, sizeof(*f->tensors));
 		f->n_tensors++;
-		ret = rd_tensor(r, &f->tensors[i], &offs[i], f->alignment, i);
+		ret = rd_tensor(r, &f->tensors[i], &(*offs)[i], f->alignment, i);
 		if (ret)
-			goto out;
+			return ret;
 	}
 	ret = find_dup(f->tensors, sizeof(*f->tensors), f->n_tensors, &dup);
-	if (ret < 0) {
-		ret = fail(r, ret, "tensors: out of memory");
-		goto out;
-	}
-	if (ret) {
-		ret = fail(r, -EINVAL, "tensor '%s': appears more than once", show(name, dup));
-		goto out;
-	}
+	if (ret < 0)
+		return fail(r, ret, "tensors: out of memory");
+	if (ret)
+		return fail(r, -EINVAL, "tensor '%s': appears more than once", show(name, dup));
+	return 0;
+}
 
-	ret = 0;
-	if (f->n_tensors == 0)
-		goto out;
+/* Point each tensor at its data, which must lie inside the file. */
+static int place_data(struct rd *r, struct gguf_file *f, const uint64_t *offs)
+{
+	char name[GGUF_SHOW_MAX + 4];
+	size_t data_start;
+	uint64_t i;
+
 	/* the data section starts at the next multiple of the alignment */
 	data_start = r->pos + (f->alignment - r->pos % f->alignment) % f->alignment;
-	if (data_start < r->pos || data_start > r->size) {
-		ret = fail(r, -EINVAL, "tensor '%s': data section would start at %zu, past end of file (%zu bytes)",
-			   show(name, f->tensors[0].name), data_start, r->size);
-		goto out;
-	}
+	if (data_start < r->pos || data_start > r->size)
+		return fail(r, -EINVAL, "tensor '%s': data section would start at %zu, past end of file (%zu bytes)",
+			    show(name, f->tensors[0].name), data_start, r->size);
 	for (i = 0; i < f->n_tensors; i++) {
 		struct gguf_tensor *t = &f->tensors[i];
 		size_t room = r->size - data_start;
@@ -562,13 +519,28 @@ static int parse(struct rd *r, struct gguf_file *f)
 				end = UINT64_MAX;
 			if (beg < offs[i])
 				beg = UINT64_MAX;
-			ret = fail(r, -EINVAL, "tensor '%s': data [%" PRIu64 ", %" PRIu64 ") extends past end of file (%zu bytes)",
-				   show(name, t->name), beg, end, r->size);
-			goto out;
+			return fail(r, -EINVAL, "tensor '%s': data [%" PRIu64 ", %" PRIu64 ") extends past end of file (%zu bytes)",
+				    show(name, t->name), beg, end, r->size);
 		}
 		t->data = r->base + data_start + offs[i];
 	}
-out:
+	return 0;
+}
+
+static int parse(struct rd *r, struct gguf_file *f)
+{
+	uint64_t n_kv = 0, n_tensors = 0, *offs = NULL;
+	int ret;
+
+	ret = rd_header(r, f, &n_kv, &n_tensors);
+	if (!ret)
+		ret = rd_kvs(r, f, n_kv);
+	if (!ret)
+		ret = rd_alignment(r, f, &f->alignment);
+	if (!ret)
+		ret = rd_tensors(r, f, n_tensors, &offs);
+	if (!ret && f->n_tensors)
+		ret = place_data(r, f, offs);
 	free(offs);
 	return ret;
 }
@@ -676,139 +648,4 @@ void gguf_close(struct gguf_file *f)
 {
 	if (f)
 		release((struct gguf_priv *)((char *)f - offsetof(struct gguf_priv, f)));
-}
-
-const struct gguf_kv *gguf_find_kv(const struct gguf_file *f, const char *key)
-{
-	size_t len;
-	uint64_t i;
-
-	if (!f || !key)
-		return NULL;
-	len = strlen(key);
-	for (i = 0; i < f->n_kv; i++)
-		if (f->kv[i].key.len == len && !memcmp(f->kv[i].key.ptr, key, len))
-			return &f->kv[i];
-	return NULL;
-}
-
-const struct gguf_tensor *gguf_find_tensor(const struct gguf_file *f, const char *name)
-{
-	size_t len;
-	uint64_t i;
-
-	if (!f || !name)
-		return NULL;
-	len = strlen(name);
-	for (i = 0; i < f->n_tensors; i++)
-		if (f->tensors[i].name.len == len && !memcmp(f->tensors[i].name.ptr, name, len))
-			return &f->tensors[i];
-	return NULL;
-}
-
-/* Any integer kv as a u64; -EINVAL for other types and negative values. */
-static int kv_uint(const struct gguf_kv *kv, uint64_t *v)
-{
-	const void *p = kv->data;
-	int64_t s;
-
-	switch (kv->type) {
-	case GGUF_VT_U8:  *v = *(const uint8_t *)p; return 0;
-	case GGUF_VT_U16: { uint16_t x; memcpy(&x, p, 2); *v = x; return 0; }
-	case GGUF_VT_U32: *v = ld_u32(p); return 0;
-	case GGUF_VT_U64: *v = ld_u64(p); return 0;
-	case GGUF_VT_I8:  s = *(const int8_t *)p; break;
-	case GGUF_VT_I16: { int16_t x; memcpy(&x, p, 2); s = x; break; }
-	case GGUF_VT_I32: { int32_t x; memcpy(&x, p, 4); s = x; break; }
-	case GGUF_VT_I64: memcpy(&s, p, 8); break;
-	default:
-		return -EINVAL;
-	}
-	if (s < 0)
-		return -EINVAL;
-	*v = (uint64_t)s;
-	return 0;
-}
-
-int gguf_get_u32(const struct gguf_file *f, const char *key, uint32_t *out)
-{
-	const struct gguf_kv *kv = gguf_find_kv(f, key);
-	uint64_t v;
-
-	if (!kv)
-		return -ENOENT;
-	if (kv_uint(kv, &v) || v > UINT32_MAX)
-		return -EINVAL;
-	*out = (uint32_t)v;
-	return 0;
-}
-
-int gguf_get_f32(const struct gguf_file *f, const char *key, float *out)
-{
-	const struct gguf_kv *kv = gguf_find_kv(f, key);
-
-	if (!kv)
-		return -ENOENT;
-	if (kv->type == GGUF_VT_F32) {
-		memcpy(out, kv->data, sizeof(*out));
-		return 0;
-	}
-	if (kv->type == GGUF_VT_F64) {
-		double d;
-
-		memcpy(&d, kv->data, sizeof(d));
-		*out = (float)d;
-		return 0;
-	}
-	return -EINVAL;
-}
-
-int gguf_get_bool(const struct gguf_file *f, const char *key, int *out)
-{
-	const struct gguf_kv *kv = gguf_find_kv(f, key);
-
-	if (!kv)
-		return -ENOENT;
-	if (kv->type != GGUF_VT_BOOL)
-		return -EINVAL;
-	*out = *(const uint8_t *)kv->data != 0;
-	return 0;
-}
-
-int gguf_get_str(const struct gguf_file *f, const char *key, struct gguf_str *out)
-{
-	const struct gguf_kv *kv = gguf_find_kv(f, key);
-
-	if (!kv)
-		return -ENOENT;
-	if (kv->type != GGUF_VT_STRING)
-		return -EINVAL;
-	out->len = ld_u64(kv->data);
-	out->ptr = (const char *)kv->data + 8;
-	return 0;
-}
-
-int gguf_get_arr(const struct gguf_file *f, const char *key, uint32_t elem_type,
-		 const void **data, uint64_t *n)
-{
-	const struct gguf_kv *kv = gguf_find_kv(f, key);
-
-	if (!kv)
-		return -ENOENT;
-	if (kv->type != GGUF_VT_ARRAY || kv->arr_type != elem_type)
-		return -EINVAL;
-	if (data)
-		*data = kv->data;
-	if (n)
-		*n = kv->arr_len;
-	return 0;
-}
-
-struct gguf_str gguf_arr_str(const struct gguf_kv *kv, uint64_t i)
-{
-	struct gguf_str none = { NULL, 0 };
-
-	if (!kv || !kv->strs || i >= kv->arr_len)
-		return none;
-	return kv->strs[i];
 }

@@ -4,6 +4,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "kernels/backend.h"
 
 /* GGUF metadata value types (numbering fixed by the file format). */
 enum gguf_vtype {
@@ -13,11 +14,15 @@ enum gguf_vtype {
 	GGUF_VT_I64 = 11, GGUF_VT_F64 = 12, GGUF_VT_LAST
 };
 
-/* Tensor element types (ggml numbering); the ones kvd computes with. */
+/*
+ * Tensor element types (ggml numbering): the ones kvd computes with are
+ * enum kb_type's, passed through to the backends as they are; kb_type_block()
+ * and kb_type_name() give their block geometry and names.
+ */
 enum gguf_ttype {
-	GGUF_T_F32 = 0, GGUF_T_F16 = 1, GGUF_T_Q4_0 = 2, GGUF_T_Q4_1 = 3,
-	GGUF_T_Q8_0 = 8, GGUF_T_Q4_K = 12, GGUF_T_Q6_K = 14, GGUF_T_BF16 = 30,
-	GGUF_T_LAST = 40
+	GGUF_T_F32 = KB_F32, GGUF_T_F16 = KB_F16, GGUF_T_Q4_0 = KB_Q4_0, GGUF_T_Q4_1 = KB_Q4_1,
+	GGUF_T_Q8_0 = KB_Q8_0, GGUF_T_Q4_K = KB_Q4_K, GGUF_T_Q6_K = KB_Q6_K, GGUF_T_BF16 = KB_BF16,
+	GGUF_T_LAST = 40	/* above every ggml type, for tables indexed by type */
 };
 
 /* A string inside the mapping: not NUL-terminated. */
@@ -89,9 +94,5 @@ int gguf_get_arr(const struct gguf_file *f, const char *key, uint32_t elem_type,
  * open time. Returns the i-th string of a GGUF_VT_STRING array kv.
  */
 struct gguf_str gguf_arr_str(const struct gguf_kv *kv, uint64_t i);
-
-/* Block geometry of a tensor type: elements per block and bytes per block. */
-int gguf_type_block(uint32_t type, uint32_t *blk_elems, uint32_t *blk_bytes);
-const char *gguf_type_name(uint32_t type);
 
 #endif

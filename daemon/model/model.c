@@ -57,7 +57,7 @@ static int bind(struct model *m, const char *name, struct kb_weight *w, uint64_t
 	uint32_t be, bb;
 	if (kb_type_block(t->type, &be, &bb))
 		return log_errf(err, errlen, -ENOTSUP, "tensor '%s': type %s not supported by the backend",
-			    name, gguf_type_name(t->type));
+			    name, kb_type_name(t->type));
 	w->data = t->data;
 	w->type = t->type;
 	w->rows = (uint32_t)want_rows;
@@ -76,7 +76,7 @@ static int bind_norm(struct model *m, const char *name, const float **out, uint3
 		return rc;
 	if (w.type != KB_F32)
 		return log_errf(err, errlen, -ENOTSUP, "tensor '%s': norm weights must be F32, not %s",
-			    name, gguf_type_name(w.type));
+			    name, kb_type_name(w.type));
 	*out = w.data;
 	return 0;
 }

@@ -13,6 +13,7 @@
 #include "daemon/serve/admit.h"
 #include "daemon/serve/server.h"
 #include "daemon/tokenizer/tokenizer.h"
+#include "uapi/kvd_pins.h"
 
 /* ---- admission: one SQE, copied out of shared memory, checked, queued ---- */
 
@@ -23,8 +24,9 @@ static int range_ok(uint32_t arena_bytes, uint32_t off, uint64_t bytes, uint32_t
 
 int validate_sqe_op(const struct kvd_sqe *q)
 {
+	static const __u64 resv_zero[sizeof(q->resv) / sizeof(q->resv[0])];
 	if (q->opcode >= KVD_OP_LAST || (q->flags & ~KVD_SQE_FLAGS_ALL) ||
-	    q->priority > KVD_PRIO_BACKGROUND)
+	    q->priority > KVD_PRIO_BACKGROUND || memcmp(q->resv, resv_zero, sizeof(q->resv)))
 		return -EINVAL;
 	return 0;
 }

@@ -22,6 +22,7 @@
 #include "daemon/tokenizer/tokenizer.h"
 #include "kernels/backend.h"
 #include "shm/kvring.h"
+#include "uapi/kvd_pins.h"
 
 static void on_recv(struct loop *l, struct loop_op *op, int res, int more);
 static void on_kick(struct loop *l, struct loop_op *op, int res, int more);

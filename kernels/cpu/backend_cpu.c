@@ -5,6 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "kernels/backend.h"
+#include "kernels/cpu/backend_cpu.h"
 #include "kernels/cpu/dot.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/quant.h"
@@ -323,8 +324,8 @@ static int kv_view_ok(const struct kb_kv_view *kv, uint32_t kv_dim)
 	return 0;
 }
 
-static int cpu_write_kv(struct backend *b, const struct kb_kv_view *kv, const uint32_t *pos,
-			uint32_t n, uint32_t kv_dim, const float *k, const float *v)
+int backend_cpu_write_kv(struct backend *b, const struct kb_kv_view *kv, const uint32_t *pos,
+			 uint32_t n, uint32_t kv_dim, const float *k, const float *v)
 {
 	(void)b;
 	int rc = kv_view_ok(kv, kv_dim);
@@ -375,9 +376,9 @@ static int attention_ok(const struct kb_attn_shape *shape, const struct kb_kv_vi
 	return 0;
 }
 
-static int cpu_attention(struct backend *b, float *out, const float *q,
-			 const struct kb_kv_view *kv, const uint32_t *pos, uint32_t n,
-			 const struct kb_attn_shape *shape)
+int backend_cpu_attention(struct backend *b, float *out, const float *q,
+			  const struct kb_kv_view *kv, const uint32_t *pos, uint32_t n,
+			  const struct kb_attn_shape *shape)
 {
 	int rc = attention_ok(shape, kv);
 	if (rc)
@@ -395,15 +396,15 @@ static int cpu_write_kv_rows(struct backend *b, const struct kb_kv_rows *kv, con
 {
 	for (uint32_t r = 0; r < n; r++) {
 		struct kb_kv_view rv = row_view(kv, r);
-		int rc = cpu_write_kv(b, &rv, pos + r, 1, kv_dim, k + (size_t)r * kv_dim,
-				      v + (size_t)r * kv_dim);
+		int rc = backend_cpu_write_kv(b, &rv, pos + r, 1, kv_dim, k + (size_t)r * kv_dim,
+					      v + (size_t)r * kv_dim);
 		if (rc)
 			return rc;
 	}
 	return 0;
 }
 
-/* Every row's query groups in one parallel pass; each is exactly what attention() computes. */
+/* Every row's query groups in one parallel pass; each is exactly what backend_cpu_attention() computes. */
 static int cpu_attention_rows(struct backend *b, float *out, const float *q,
 			      const struct kb_kv_rows *kv, const uint32_t *pos, uint32_t n,
 			      const struct kb_attn_shape *shape)
@@ -506,8 +507,6 @@ static const struct backend_ops cpu_ops = {
 	.rope = cpu_rope,
 	.swiglu = cpu_swiglu,
 	.add = cpu_add,
-	.write_kv = cpu_write_kv,
-	.attention = cpu_attention,
 	.write_kv_rows = cpu_write_kv_rows,
 	.attention_rows = cpu_attention_rows,
 	.add_rmsnorm = cpu_add_rmsnorm,

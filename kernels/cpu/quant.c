@@ -40,27 +40,6 @@ float bf16_to_f32(uint16_t h)
 	return f;
 }
 
-int kb_type_block(uint32_t type, uint32_t *blk_elems, uint32_t *blk_bytes)
-{
-	uint32_t e, b;
-	switch (type) {
-	case KB_F32: e = 1; b = 4; break;
-	case KB_F16: e = 1; b = 2; break;
-	case KB_BF16: e = 1; b = 2; break;
-	case KB_Q4_0: e = QK; b = sizeof(struct blk_q4_0); break;
-	case KB_Q4_1: e = QK; b = sizeof(struct blk_q4_1); break;
-	case KB_Q8_0: e = QK; b = sizeof(struct blk_q8_0); break;
-	case KB_Q4_K: e = QK_K; b = sizeof(struct blk_q4_k); break;
-	case KB_Q6_K: e = QK_K; b = sizeof(struct blk_q6_k); break;
-	default: return -EINVAL;
-	}
-	if (blk_elems)
-		*blk_elems = e;
-	if (blk_bytes)
-		*blk_bytes = b;
-	return 0;
-}
-
 int type_is_quantized(uint32_t type)
 {
 	return type == KB_Q4_0 || type == KB_Q4_1 || type == KB_Q8_0 ||

@@ -35,9 +35,6 @@ struct cuda_backend {
 	struct scratch xh;	/* (n, cols) f16: activations for the GEMM */
 	struct scratch part;	/* attention split partials */
 	struct scratch ids;	/* argmax results */
-	struct scratch meta;	/* row metadata of the single-sequence operations */
-	uint32_t *h_meta;	/* host side of meta */
-	size_t h_meta_cap;
 	/* CUDA graphs: a step whose shape key repeats the previous one is recorded and replayed. */
 	int graphs;		/* 0 when KVD_CUDA_GRAPHS=0: every step runs unrecorded */
 	uint64_t last_key;
@@ -235,71 +232,6 @@ static int cu_attention_rows(struct backend *b, float *out, const float *q,
 	return rc ? rc : cuda_attention(cb->stream, &p, out, q, kv, pos, sh, (float *)cb->part.p);
 }
 
-/*
- * The single-sequence operations: one block table for every row. They
- * read the positions back (they arrive in device memory) to lay out the
- * per-row metadata, so they are for tests and tools, not the decode loop.
- */
-static int single_rows(struct cuda_backend *cb, const struct kb_kv_view *kv, const uint32_t *pos,
-		       uint32_t n, struct kb_kv_rows *out)
-{
-	uint32_t n_tiles = (n + KB_TILE_ROWS - 1) / KB_TILE_ROWS;
-	size_t words = 3 * (size_t)n + 2 * n_tiles;
-	if (words > cb->h_meta_cap) {
-		uint32_t *h = (uint32_t *)realloc(cb->h_meta, words * sizeof(uint32_t));
-		if (!h)
-			return -ENOMEM;
-		cb->h_meta = h;
-		cb->h_meta_cap = words;
-	}
-	int rc = grow(cb, &cb->meta, words * sizeof(uint32_t));
-	if (rc)
-		return rc;
-	uint32_t *h = cb->h_meta, *hpos = h, *off = h + n, *len = h + 2 * n, *tiles = h + 3 * n;
-	CK(cudaMemcpyAsync(hpos, pos, n * sizeof(uint32_t), cudaMemcpyDeviceToHost, cb->stream));
-	CK(cudaStreamSynchronize(cb->stream));
-	for (uint32_t r = 0; r < n; r++) {
-		off[r] = 0;
-		len[r] = kv->n_blocks;
-	}
-	for (uint32_t t = 0; t < n_tiles; t++) {
-		tiles[2 * t] = t * KB_TILE_ROWS;
-		tiles[2 * t + 1] = n - t * KB_TILE_ROWS < KB_TILE_ROWS ? n - t * KB_TILE_ROWS
-								     : KB_TILE_ROWS;
-	}
-	CK(cudaMemcpyAsync(cb->meta.p, h, words * sizeof(uint32_t), cudaMemcpyHostToDevice,
-			   cb->stream));
-	/* h is rewritten by the next call only after this one's copy has been consumed */
-	CK(cudaStreamSynchronize(cb->stream));
-	const uint32_t *d = (const uint32_t *)cb->meta.p;
-	*out = (struct kb_kv_rows){
-		.geo = *kv, .tables = kv->blocks, .tab_off = d + n, .tab_len = d + 2 * n,
-		.tiles = d + 3 * n, .h_tab_off = off, .h_tab_len = len, .h_tiles = tiles,
-		.h_pos = hpos, .n_tiles = n_tiles,
-	};
-	return 0;
-}
-
-static int cu_write_kv(struct backend *b, const struct kb_kv_view *kv, const uint32_t *pos,
-		       uint32_t n, uint32_t kv_dim, const float *k, const float *v)
-{
-	struct kb_kv_rows rows;
-	if (n == 0)
-		return 0;
-	int rc = single_rows(CU(b), kv, pos, n, &rows);
-	return rc ? rc : cu_write_kv_rows(b, &rows, pos, n, kv_dim, k, v);
-}
-
-static int cu_attention(struct backend *b, float *out, const float *q, const struct kb_kv_view *kv,
-			const uint32_t *pos, uint32_t n, const struct kb_attn_shape *sh)
-{
-	struct kb_kv_rows rows;
-	if (n == 0)
-		return 0;
-	int rc = single_rows(CU(b), kv, pos, n, &rows);
-	return rc ? rc : cu_attention_rows(b, out, q, &rows, pos, n, sh);
-}
-
 static int cu_argmax(struct backend *b, uint32_t *ids, const float *x, uint32_t n, uint32_t dim)
 {
 	struct cuda_backend *cb = CU(b);
@@ -467,10 +399,8 @@ static void cu_destroy(struct backend *b)
 	scratch_free(&cb->xh);
 	scratch_free(&cb->part);
 	scratch_free(&cb->ids);
-	scratch_free(&cb->meta);
 	if (cb->stream)
 		cudaStreamDestroy(cb->stream);
-	free(cb->h_meta);
 	free(cb);
 }
 
@@ -484,8 +414,6 @@ static const struct backend_ops cuda_ops = {
 	.rope = cu_rope,
 	.swiglu = cu_swiglu,
 	.add = cu_add,
-	.write_kv = cu_write_kv,
-	.attention = cu_attention,
 	.write_kv_rows = cu_write_kv_rows,
 	.attention_rows = cu_attention_rows,
 	.add_rmsnorm = cu_add_rmsnorm,

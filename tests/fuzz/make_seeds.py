@@ -155,6 +155,7 @@ def gguf_seeds(model):
 # ---- control messages ----
 
 MAGIC = 0x3144564B
+ABI_VERSION = 2
 
 
 def msg(mtype, body=b"", seq=1, magic=MAGIC, length=None, flags=0, status=0):
@@ -163,7 +164,7 @@ def msg(mtype, body=b"", seq=1, magic=MAGIC, length=None, flags=0, status=0):
 
 
 def hello(features=0x7F):
-    return msg(1, struct.pack("<II16x", 1, features))
+    return msg(1, struct.pack("<II16x", ABI_VERSION, features))
 
 
 def sess_open(sq=0, cq=0, arena=0):
@@ -200,6 +201,7 @@ def sqe(op, flags=0, sid_live=True, user=1, toff=0, ntok=0, out=0, maxt=0, slot=
 
 
 def put_sqe(q):
+    # fuzz_ring takes an SQE's first 64 bytes; its reserved tail stays zero.
     return b"\x01" + q
 
 
@@ -209,8 +211,8 @@ def write(off, data):
 
 def ring_seeds():
     # sq 4, cq 4: size byte 0b1010. Ring headers are 192 bytes: the arena starts at
-    # 192 + 192 + 4 * 64 + 4 * 32 = 768.
-    arena = 768
+    # 192 + 192 + 4 * 128 + 4 * 32 = 1024.
+    arena = 1024
     prompt = struct.pack("<5I", 504, 3575, 282, 4649, 314)
     gen = sqe(3, 2, toff=0, ntok=5, out=64, maxt=4)
     put("generate", "ring", b"\x0a" + write(arena, prompt) + put_sqe(gen) + b"\x02" +
@@ -228,6 +230,9 @@ def ring_seeds():
         write(0, struct.pack("<I", 77)) + write(192, b"\xff" * 8) + b"\x02\x04\x02")
     put("close-open", "ring", b"\x0f" + put_sqe(gen) + b"\x02\x05\x00\x06" + put_sqe(gen) +
         b"\x02\x03\x01\x00\x00\x00\x05\x01\x02")
+    # A raw write sets the reserved tail of the SQE in slot 0 (SQEs start at 384).
+    put("sqe-resv", "ring", b"\x0a" + write(arena, prompt) + put_sqe(gen) +
+        write(384 + 64 + 7, b"\x01") + b"\x02\x04\x02")
     put("bad-sqes", "ring", b"\x0a" + put_sqe(sqe(9)) + put_sqe(sqe(1, ntok=5, toff=2)) +
         put_sqe(sqe(2, out=1 << 30, maxt=1)) + put_sqe(sqe(1, ntok=0x40000000)) +
         put_sqe(sqe(1, ntok=1, sid_live=False)) + put_sqe(sqe(2, maxt=1, slot=99)) +
