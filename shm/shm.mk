@@ -1,7 +1,7 @@
 # shm/ — ring primitives shared by both sides, and libkvclient.
 KVC_SRCS := $(wildcard shm/*.c)
 KVC_OBJS := $(KVC_SRCS:%.c=$(B)/%.o)
-KVC_SOVER := 1
+KVC_SOVER := 2
 KVC_VERSION := $(KVC_SOVER).0.0
 KVC_HDRS := shm/kvclient.h shm/kvring.h
 

@@ -35,7 +35,7 @@ fi
 
 missing=""
 for f in usr/bin/kvd usr/bin/kvctl usr/bin/kvbench \
-	usr/lib/libkvclient.so.1 usr/lib/libkvclient.so usr/lib/libkvclient.a \
+	usr/lib/libkvclient.so.2 usr/lib/libkvclient.so usr/lib/libkvclient.a \
 	usr/include/kvd/kvclient.h usr/include/kvd/kvring.h usr/include/kvd/uapi/kvd.h \
 	usr/lib/pkgconfig/kvclient.pc \
 	usr/lib/systemd/system/kvd.service usr/lib/systemd/system/kvd.socket \
@@ -50,9 +50,9 @@ done
 [ -x "$root/usr/bin/kvc_example" ] && missing="$missing (kvc_example must not be installed)"
 if [ -z "$missing" ]; then ok "installed files"; else bad "installed files, missing:$missing"; fi
 
-soname=$(objdump -p "$root/usr/lib/libkvclient.so.1" 2>/dev/null | awk '$1 == "SONAME" { print $2 }')
+soname=$(objdump -p "$root/usr/lib/libkvclient.so.2" 2>/dev/null | awk '$1 == "SONAME" { print $2 }')
 link=$(readlink "$root/usr/lib/libkvclient.so")
-if [ "$soname" = libkvclient.so.1 ] && [ "$link" = libkvclient.so.1 ]; then
+if [ "$soname" = libkvclient.so.2 ] && [ "$link" = libkvclient.so.2 ]; then
 	ok "libkvclient soname $soname, dev link -> $link"
 else
 	bad "libkvclient soname '$soname', dev link '$link'"
@@ -181,7 +181,7 @@ EOF
 	unset PKG_CONFIG_SYSROOT_DIR PKG_CONFIG_LIBDIR
 	# shellcheck disable=SC2086
 	if cc -o "$tmp/client" "$tmp/client.c" $flags 2>"$tmp/cc.log" &&
-		LD_LIBRARY_PATH="$root/usr/lib" ldd "$tmp/client" | grep -q "$root/usr/lib/libkvclient.so.1" &&
+		LD_LIBRARY_PATH="$root/usr/lib" ldd "$tmp/client" | grep -q "$root/usr/lib/libkvclient.so.2" &&
 		LD_LIBRARY_PATH="$root/usr/lib" "$tmp/client" >/dev/null; then
 		ok "cc client.c \$(pkg-config --cflags --libs kvclient) [$flags] links and runs"
 	else
