@@ -13,6 +13,7 @@ $(B)/kv%: $(B)/tools/kv%.o $(B)/libkvclient.a
 
 # kvc_example shows libkvclient alone; the others share tools/common.c.
 $(B)/kvctl $(B)/kvbench $(B)/kvtop: $(B)/tools/common.o
+$(B)/kvbench: $(B)/tools/bench_results.o
 
 all: $(TOOL_BINS)
 
