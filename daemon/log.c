@@ -26,16 +26,6 @@ void log_set_level(int level)
 	max_level = level;
 }
 
-int log_level_parse(const char *name)
-{
-	static const char *const names[] = { "emerg", "alert", "crit", "err", "warning",
-					     "notice", "info", "debug" };
-	for (int i = 0; i < 8; i++)
-		if (!strcmp(name, names[i]))
-			return i;
-	return -1;
-}
-
 void log_msg(int level, const char *fmt, ...)
 {
 	if (level > max_level)

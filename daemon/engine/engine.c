@@ -230,11 +230,6 @@ const struct model *engine_model(const struct engine *e)
 	return e->m;
 }
 
-struct kvpool *engine_pool(const struct engine *e)
-{
-	return e->pool;
-}
-
 uint32_t engine_pool_block_tokens(const struct engine *e)
 {
 	return kvpool_config(e->pool)->block_tokens;

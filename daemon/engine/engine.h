@@ -32,7 +32,6 @@ void engine_destroy(struct engine *e);
 uint32_t engine_max_rows(const struct engine *e);
 /* The model it runs: vocab and ctx_len size a caller's logits and sequences. */
 const struct model *engine_model(const struct engine *e);
-struct kvpool *engine_pool(const struct engine *e);
 
 /*
  * The pool as a scheduler sees it, so serve/ needs no kvpool_* call: its

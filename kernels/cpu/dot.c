@@ -104,8 +104,6 @@ qdot_fn dot_x86_select(uint32_t type, const char *want, const char **isa);
 qdot8_fn dot_x86_select8(uint32_t type, const char *want);
 #endif
 
-static const char *chosen_isa = "generic";
-
 qdot_fn dot_select_q_isa(uint32_t type, const char *want, const char **isa)
 {
 	*isa = "generic";
@@ -138,7 +136,8 @@ static const char *wanted_isa(void)
 
 qdot_fn dot_select_q(uint32_t type)
 {
-	return dot_select_q_isa(type, wanted_isa(), &chosen_isa);
+	const char *isa;
+	return dot_select_q_isa(type, wanted_isa(), &isa);
 }
 
 qdot8_fn dot_select_q8_isa(uint32_t type, const char *want)
@@ -158,7 +157,3 @@ qdot8_fn dot_select_q8(uint32_t type)
 	return dot_select_q8_isa(type, wanted_isa());
 }
 
-const char *dot_isa(void)
-{
-	return chosen_isa;
-}

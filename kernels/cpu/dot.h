@@ -44,8 +44,6 @@ void dot_q_generic(uint32_t type, const void *row, const struct blk_q8x *x, size
 		   int nr, size_t nblk, float *out, size_t out_stride);
 void dot8_q_generic(uint32_t type, const void *rows, size_t row_bytes, const struct blk_q8x *x,
 		    size_t x_stride, int nr, size_t nblk, float *out, size_t out_stride);
-/* Which instruction set dot_select_q() chose: "avx512vnni", "avx2" or "generic". */
-const char *dot_isa(void);
 
 /* The fixed reduction tree every path uses for 8 float lanes. */
 static inline float hsum8(const float a[8])

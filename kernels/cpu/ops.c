@@ -149,8 +149,9 @@ void ops_thread_scratch_free(void)
 	pthread_setspecific(att_key, NULL);
 }
 
-void ops_kv_head(float *out, const struct kb_kv_view *kv, int which, uint32_t p,
-		 uint32_t first, uint32_t n)
+/* out (n,) = elements [first, first + n) of position p's K (which 0) or V (1) row, as f32. */
+static void ops_kv_head(float *out, const struct kb_kv_view *kv, int which, uint32_t p,
+			uint32_t first, uint32_t n)
 {
 	const uint8_t *row = kb_kv_row(kv, which, p);
 	if (kv->type == KB_F32) {

@@ -30,9 +30,6 @@ int ops_attention_group(float *out, const float *q, const struct kb_kv_view *kv,
 int ops_attention_group_c(float *out, const float *q, const struct kb_kv_view *kv,
 			   uint32_t pos, uint32_t kvh, const struct kb_attn_shape *shape);
 
-/* out (n,) = elements [first, first + n) of position p's K (which 0) or V (1) row, as f32. */
-void ops_kv_head(float *out, const struct kb_kv_view *kv, int which, uint32_t p,
-		 uint32_t first, uint32_t n);
 /* The calling thread's scratch for n attention scores (grown on demand), or NULL. */
 float *ops_att_scores(size_t n);
 /* Free the calling thread's scratch (pool workers' is freed as they exit). */
