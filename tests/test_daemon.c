@@ -5,7 +5,6 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <liburing.h>
@@ -15,22 +14,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "uapi/kvd.h"
 #include "shm/kvring.h"
-#include "daemon/engine/engine.h"
-#include "daemon/engine/kvpool.h"
-#include "daemon/model/model.h"
 #include "daemon/engine/sampler.h"
 #include "daemon/tokenizer/tokenizer.h"
-#include "kernels/backend.h"
 #include "tests/lib/fixture.h"
 #include "tests/lib/proc.h"
 #include "tests/lib/ref.h"

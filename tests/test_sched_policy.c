@@ -386,10 +386,10 @@ static void test_decodes_before_prefills(void **state)
 	(void)state;
 	pol_open(32, BT, 0);
 	struct conn *d = conn_add(1, 1, 1), *p = conn_add(2, 1, 0);
-	struct request *pre = req_add(d, 0, KVD_OP_PREFILL, BT, 0, KVD_PRIO_INTERACTIVE, 1);
+	struct slot *sd = req_add(d, 0, KVD_OP_PREFILL, BT, 0, KVD_PRIO_INTERACTIVE, 1)->sl;
 	step();
-	assert_null(pre->sl->head);
-	assert_true(d->sessions[0]->slots[0].has_logits);
+	assert_null(sd->head);	/* the PREFILL completed (and is freed): its logits wait */
+	assert_true(sd->has_logits);
 	struct request *long_prompt = req_add(p, 0, KVD_OP_GENERATE, 4 * BT, 4, KVD_PRIO_INTERACTIVE, 2);
 	struct request *dec = req_add(d, 0, KVD_OP_DECODE, 0, 4, KVD_PRIO_INTERACTIVE, 3);
 	plan();

@@ -36,6 +36,7 @@
 #include <linux/magic.h>
 #include <liburing.h>
 #include "shm/kvclient.h"
+#include "tests/lib/fixture.h"
 
 struct kvd_proc {
 	pid_t pid;		/* 0: not running */
@@ -46,8 +47,7 @@ struct kvd_proc {
 
 static inline const char *kp_model(void)
 {
-	const char *p = getenv("KVD_MODEL");
-	return p && *p ? p : "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+	return fixture_model_path();
 }
 
 /* $KVD_BIN (the sanitizer pass points it at its own build), else build/kvd. */
