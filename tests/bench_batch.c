@@ -16,6 +16,8 @@
 #include "daemon/engine/kvpool.h"
 #include "daemon/model/model.h"
 #include "kernels/backend.h"
+#include "tests/lib/fixture.h"
+#include "tests/lib/rng.h"
 
 #define RUNS 3
 #define PROMPT 128
@@ -41,14 +43,13 @@ static uint32_t argmax(const float *v, uint32_t n)
 
 /* Decode tok/s of one run with n sequences (each prefilled with PROMPT tokens first). */
 static double run_batch(struct engine *e, struct engine_seq *seq, uint32_t n, uint32_t vocab,
-			float *logits, struct engine_row *rows, uint32_t *seed)
+			float *logits, struct engine_row *rows, struct rng *seed)
 {
 	uint32_t tok[MAX_N];
 	for (uint32_t s = 0; s < n; s++) {
 		engine_seq_init(e, &seq[s], 0);
 		for (uint32_t i = 0; i < PROMPT; i++) {
-			*seed = *seed * 1103515245u + 12345u;
-			rows[i] = (struct engine_row){ &seq[s], i, (*seed >> 8) % vocab, i == PROMPT - 1 };
+			rows[i] = (struct engine_row){ &seq[s], i, rng_below(seed, vocab), i == PROMPT - 1 };
 		}
 		if (engine_forward(e, rows, PROMPT, logits))
 			return -1;
@@ -88,27 +89,22 @@ int main(int argc, char **argv)
 	if (ck && !strcmp(ck, "cpu"))
 		clock_id = CLOCK_PROCESS_CPUTIME_ID;
 	uint32_t threads = th && *th ? (uint32_t)atoi(th) : 2;
-	struct model *m;
-	struct backend *be;
-	struct engine *e;
-	struct kvpool *pool;
-	if (!(m = bench_load_model("bench_batch")))
-		return 1;
-	struct kvpool_config pc = { .n_blocks = MAX_N * ((PROMPT + STEPS) / 16 + 1),
-				    .block_tokens = 16, .n_layers = m->hp.n_layers,
-				    .kv_dim = m->hp.kv_dim, .kv_type = KB_F16 };
-	if (backend_cpu_create(&be, threads) || kvpool_create(&pool, &pc) ||
-	    engine_create(&e, m, be, pool, PROMPT)) {
-		fprintf(stderr, "bench_batch: setup failed\n");
+	struct fixture fx;
+	char err[256];
+	if (fixture_open(&fx, threads, MAX_N * ((PROMPT + STEPS) / 16 + 1), PROMPT, err, sizeof(err))) {
+		fprintf(stderr, "bench_batch: %s\n", err);
+		fixture_close(&fx);
 		return 1;
 	}
+	struct model *m = fx.m;
+	struct engine *e = fx.eng;
 	uint32_t vocab = m->hp.vocab;
 	float *logits = malloc((size_t)MAX_N * vocab * sizeof(float));
 	struct engine_row *rows = calloc(PROMPT, sizeof(*rows));
 	struct engine_seq *seq = calloc(MAX_N, sizeof(*seq));
 	if (!logits || !rows || !seq)
 		return 1;
-	uint32_t seed = 777;
+	struct rng seed = rng_make(777);
 	double med[8];
 	printf("engine decode throughput, %s, %u threads, %d-token contexts, %d steps, "
 	       "median of %d runs%s\n", m->hp.name, threads, PROMPT, STEPS, RUNS,
@@ -136,9 +132,6 @@ int main(int argc, char **argv)
 	free(seq);
 	free(rows);
 	free(logits);
-	engine_destroy(e);
-	kvpool_destroy(pool);
-	be->ops->destroy(be);
-	model_free(m);
+	fixture_close(&fx);
 	return 0;
 }

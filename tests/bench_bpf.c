@@ -4,7 +4,7 @@
 #include <string.h>
 #include "bpf/kvd_load.h"
 #include "tests/bench_util.h"
-#include "tests/kvd_proc.h"
+#include "tests/lib/proc.h"
 
 /*
  * One daemon started with --bpf=off; this process attaches the programs

@@ -12,6 +12,8 @@
 #include "daemon/engine/kvpool.h"
 #include "daemon/model/model.h"
 #include "kernels/backend.h"
+#include "tests/lib/fixture.h"
+#include "tests/lib/rng.h"
 
 #define RUNS 5
 #define N_SEQS 64
@@ -21,12 +23,6 @@
 #define CACHED 960
 #define CHUNK 512
 #define THREADS 2
-
-static uint32_t rng(uint64_t *s)
-{
-	*s = *s * 6364136223846793005ull + 1442695040888963407ull;
-	return (uint32_t)(*s >> 33);
-}
 
 /* Waste of paged blocks for 64 sequences, each grown by prefill then decode steps. */
 static int waste(const struct model *m)
@@ -39,12 +35,13 @@ static int waste(const struct model *m)
 		return 1;
 	static struct kvseq seqs[N_SEQS];
 	static uint32_t toks[MAX_LEN];
-	uint64_t s = 42, total = 0;
+	struct rng s = rng_make(42);
+	uint64_t total = 0;
 	for (int i = 0; i < N_SEQS; i++) {
-		uint32_t len = MIN_LEN + rng(&s) % (MAX_LEN - MIN_LEN + 1);
+		uint32_t len = MIN_LEN + rng_u32(&s) % (MAX_LEN - MIN_LEN + 1);
 		uint32_t prompt = len / 2 + 1;
 		for (uint32_t t = 0; t < len; t++)
-			toks[t] = rng(&s) % m->hp.vocab;
+			toks[t] = rng_u32(&s) % m->hp.vocab;
 		kvseq_init(&seqs[i], (uint32_t)i + 1);
 		if (kvseq_prepare(p, &seqs[i], 0, prompt) ||
 		    kvseq_commit(p, &seqs[i], 0, prompt, toks))
@@ -97,30 +94,27 @@ static double ttft(struct engine *e, const uint32_t *ids, uint32_t n, float *log
 	return t1 - t0;
 }
 
-static int prefix_ttft(struct model *m)
+static int prefix_ttft(struct fixture *fx)
 {
-	struct backend *be;
-	struct kvpool *pool;
-	struct engine *e;
-	struct kvpool_config pc = { .n_blocks = 4 * PROMPT / 16, .block_tokens = 16,
-				    .n_layers = m->hp.n_layers, .kv_dim = m->hp.kv_dim,
-				    .kv_type = KB_F16 };
-	if (backend_cpu_create(&be, THREADS) || kvpool_create(&pool, &pc) ||
-	    engine_create(&e, m, be, pool, CHUNK))
+	const struct model *m = fx->m;
+	if (fixture_pool(fx, THREADS, 4 * PROMPT / 16) || fixture_engine(fx, CHUNK)) {
+		fixture_close_engine(fx);
 		return 1;
+	}
+	struct engine *e = fx->eng;
 	float *logits = malloc((size_t)m->hp.vocab * sizeof(float));
 	struct engine_row *rows = calloc(CHUNK, sizeof(*rows));
 	static uint32_t a[PROMPT], b[PROMPT];
 	double cold[RUNS], warm[RUNS];
 	int hit = 0;
-	uint64_t s = 7;
+	struct rng s = rng_make(7);
 	for (int run = -1; run < RUNS; run++) {
 		/* A fresh system prompt each run: a cold start really is cold. */
 		for (uint32_t i = 0; i < PROMPT; i++)
-			a[i] = rng(&s) % m->hp.vocab;
+			a[i] = rng_u32(&s) % m->hp.vocab;
 		memcpy(b, a, CACHED * sizeof(uint32_t));
 		for (uint32_t i = CACHED; i < PROMPT; i++)
-			b[i] = rng(&s) % m->hp.vocab;
+			b[i] = rng_u32(&s) % m->hp.vocab;
 		double tc = ttft(e, a, PROMPT, logits, rows, &hit);
 		double tw = ttft(e, b, PROMPT, logits, rows, &hit);
 		if (tc < 0 || tw < 0 || hit != CACHED)
@@ -142,20 +136,22 @@ static int prefix_ttft(struct model *m)
 	       1e3 * median(warm, RUNS), median(ratios, RUNS));
 	free(logits);
 	free(rows);
-	engine_destroy(e);
-	kvpool_destroy(pool);
-	be->ops->destroy(be);
+	fixture_close_engine(fx);
 	return 0;
 }
 
 int main(void)
 {
-	struct model *m;
-	if (!(m = bench_load_model("bench_kvcache")))
+	struct fixture fx;
+	char err[256];
+	if (fixture_load(&fx, err, sizeof(err))) {
+		fprintf(stderr, "bench_kvcache: %s\n", err);
+		fixture_close(&fx);
 		return 1;
-	int rc = waste(m) || prefix_ttft(m);
+	}
+	int rc = waste(fx.m) || prefix_ttft(&fx);
 	if (rc)
 		fprintf(stderr, "bench_kvcache: failed\n");
-	model_free(m);
+	fixture_close(&fx);
 	return rc;
 }

@@ -16,6 +16,8 @@
 #include "daemon/engine/kvpool.h"
 #include "daemon/model/model.h"
 #include "kernels/backend.h"
+#include "tests/lib/fixture.h"
+#include "tests/lib/rng.h"
 
 #define PROMPT 2048
 #define CHUNK 512
@@ -58,21 +60,18 @@ static const char *plot =
 
 int main(void)
 {
-	struct model *m;
-	struct backend *be;
-	struct kvpool *pool;
-	struct engine *e;
-	if (!(m = bench_load_model("bench_memory")))
-		return 1;
+	struct fixture fx;
+	char err[256];
 	/* The pool is reserved up front for 8192 tokens; pages are touched as blocks fill. */
-	struct kvpool_config pc = { .n_blocks = 8192 / 16, .block_tokens = 16,
-				    .n_layers = m->hp.n_layers, .kv_dim = m->hp.kv_dim,
-				    .kv_type = KB_F16 };
-	if (backend_cpu_create(&be, 2) || kvpool_create(&pool, &pc) ||
-	    engine_create(&e, m, be, pool, CHUNK)) {
-		fprintf(stderr, "bench_memory: setup failed\n");
+	if (fixture_open(&fx, 2, 8192 / 16, CHUNK, err, sizeof(err))) {
+		fprintf(stderr, "bench_memory: %s\n", err);
+		fixture_close(&fx);
 		return 1;
 	}
+	struct model *m = fx.m;
+	struct kvpool *pool = fx.pool;
+	struct engine *e = fx.eng;
+	const struct kvpool_config pc = *kvpool_config(pool);
 	mkdir("build", 0755);
 	mkdir(OUT_DIR, 0755);
 	FILE *csv = fopen(OUT_DIR "/memory_curve.csv", "w");
@@ -85,13 +84,12 @@ int main(void)
 	struct engine_row *rows = calloc(CHUNK, sizeof(*rows));
 	struct engine_seq s;
 	engine_seq_init(e, &s, 0);
-	uint64_t x = 1;
+	struct rng x = rng_make(1);
 	double t0 = now_s();
 	sample(csv, t0, "start", 0, pool, e);
 	for (uint32_t p = 0; p < PROMPT; p += CHUNK) {
 		for (uint32_t i = 0; i < CHUNK; i++) {
-			x = x * 6364136223846793005ull + 1442695040888963407ull;
-			rows[i] = (struct engine_row){ &s, p + i, (uint32_t)(x >> 33) % m->hp.vocab,
+			rows[i] = (struct engine_row){ &s, p + i, rng_below(&x, m->hp.vocab),
 						       p + i == PROMPT - 1 };
 		}
 		if (engine_forward(e, rows, CHUNK, logits))
@@ -129,9 +127,6 @@ int main(void)
 	engine_seq_release(e, &s);
 	free(rows);
 	free(logits);
-	engine_destroy(e);
-	kvpool_destroy(pool);
-	be->ops->destroy(be);
-	model_free(m);
+	fixture_close(&fx);
 	return 0;
 }

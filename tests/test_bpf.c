@@ -11,7 +11,7 @@
 #include <bpf/bpf.h>
 #include "bpf/kvd_load.h"
 #include "uapi/kvd_metrics.h"
-#include "tests/kvd_proc.h"
+#include "tests/lib/proc.h"
 
 /*
  * Runs as root (CI does) and skips with the reason otherwise. Every daemon

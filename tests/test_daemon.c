@@ -5,7 +5,6 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <liburing.h>
@@ -15,23 +14,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "uapi/kvd.h"
 #include "shm/kvring.h"
-#include "daemon/engine/engine.h"
-#include "daemon/engine/kvpool.h"
-#include "daemon/model/model.h"
 #include "daemon/engine/sampler.h"
 #include "daemon/tokenizer/tokenizer.h"
-#include "kernels/backend.h"
-#include "tests/kvd_proc.h"
+#include "tests/lib/fixture.h"
+#include "tests/lib/proc.h"
+#include "tests/lib/ref.h"
+#include "tests/lib/wire.h"
 
 /*
  * Every test gets a daemon of its own (started in setup, stopped with
@@ -49,519 +44,24 @@
 static const uint32_t PROMPT[] = { 504, 3575, 282, 4649, 314 };
 #define N_PROMPT ((uint32_t)(sizeof(PROMPT) / sizeof(PROMPT[0])))
 
-static const char *model_path(void)
-{
-	const char *p = getenv("KVD_MODEL");
-	return p && *p ? p : "models/SmolLM2-135M-Instruct.Q4_1.gguf";
-}
-
-/* The daemon under test: $KVD_BIN (a sanitizer build lives elsewhere), else build/kvd. */
-static const char *kvd_bin(void)
-{
-	const char *p = getenv("KVD_BIN");
-	return p && *p ? p : "build/kvd";
-}
-
-static int64_t now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(int ms)
-{
-	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
-	while (nanosleep(&ts, &ts) && errno == EINTR)
-		;
-}
-
-/* In a forked child: die with the test, whatever assertion ends it early. */
-static void child_bound_to_parent(pid_t parent)
-{
-	prctl(PR_SET_PDEATHSIG, SIGKILL);
-	if (getppid() != parent)
-		_exit(1);
-}
-
-/* ---- the daemon under test ---- */
-
-struct daemon {
-	pid_t pid;		/* 0: not running, or already reaped */
-	char dir[64];		/* mkdtemp'd: the socket and the log */
-	char sock[96];
-	char log[96];
-};
-
-static struct daemon D;
+static struct kvd_proc D;
 static int uring_ok;
 static char uring_why[128];
-
-static void daemon_log_tail(void)
-{
-	kp_file_tail(D.log);
-}
-
-static int try_connect(const char *path)
-{
-	struct sockaddr_un a = { .sun_family = AF_UNIX };
-	snprintf(a.sun_path, sizeof(a.sun_path), "%s", path);
-	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return -errno;
-	if (connect(fd, (struct sockaddr *)&a, sizeof(a))) {
-		int rc = -errno;
-		close(fd);
-		return rc;
-	}
-	return fd;
-}
-
-/*
- * fork+exec build/kvd on a fresh socket; 0 once it accepts connections.
- * threads: its compute threads, NULL for its default (every core).
- */
-static int daemon_start(const char *threads)
-{
-	memset(&D, 0, sizeof(D));
-	snprintf(D.dir, sizeof(D.dir), "/tmp/kvd-test.XXXXXX");
-	if (!mkdtemp(D.dir)) {
-		D.dir[0] = 0;
-		return -errno;
-	}
-	snprintf(D.sock, sizeof(D.sock), "%s/kvd.sock", D.dir);
-	snprintf(D.log, sizeof(D.log), "%s/kvd.log", D.dir);
-	if (access(kvd_bin(), X_OK)) {
-		print_message("%s is missing: run `make` first\n", kvd_bin());
-		return -ENOENT;
-	}
-	int logfd = open(D.log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-	if (logfd < 0)
-		return -errno;
-	pid_t pid = fork();
-	if (pid < 0) {
-		int rc = -errno;
-		close(logfd);
-		return rc;
-	}
-	if (pid == 0) {
-		char *argv[] = { (char *)kvd_bin(), "--model", (char *)model_path(), "--socket", D.sock,
-				 "--kv-blocks", KV_BLOCKS, "--drain-timeout", "2000",
-				 "--log-level", "debug", "--bpf", "off", NULL, NULL, NULL };
-		if (threads) {
-			argv[13] = "--threads";
-			argv[14] = (char *)threads;
-		}
-		int null = open("/dev/null", O_RDONLY);
-		if (null < 0 || dup2(null, 0) < 0 || dup2(logfd, 1) < 0 || dup2(logfd, 2) < 0)
-			_exit(126);
-		/* A test that crashes takes its daemon with it. */
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		execv(kvd_bin(), argv);
-		_exit(127);
-	}
-	close(logfd);
-	D.pid = pid;
-	for (int64_t end = now_ms() + 30000; now_ms() < end; sleep_ms(20)) {
-		int st, fd = try_connect(D.sock);
-		if (fd >= 0) {
-			close(fd);
-			return 0;
-		}
-		if (waitpid(pid, &st, WNOHANG) == pid) {
-			D.pid = 0;
-			print_message("kvd exited while starting (wait status %#x)\n", st);
-			daemon_log_tail();
-			return -ECHILD;
-		}
-	}
-	print_message("kvd did not accept a connection within 30 s\n");
-	daemon_log_tail();
-	kill(pid, SIGKILL);
-	waitpid(pid, NULL, 0);
-	D.pid = 0;
-	return -ETIMEDOUT;
-}
-
-/* SIGTERM, then up to 10 s to drain: 0 when kvd exited with status 0. */
-static int daemon_stop(void)
-{
-	if (!D.pid)
-		return 0;
-	kill(D.pid, SIGTERM);
-	int st = 0;
-	pid_t w = 0;
-	for (int64_t end = now_ms() + 10000; (w = waitpid(D.pid, &st, WNOHANG)) == 0 && now_ms() < end;)
-		sleep_ms(10);
-	if (w < 0) {
-		print_message("waitpid(kvd): %s\n", strerror(errno));
-	} else if (w == 0) {
-		kill(D.pid, SIGKILL);
-		waitpid(D.pid, &st, 0);
-		print_message("kvd ignored SIGTERM for 10 s\n");
-	} else if (WIFSIGNALED(st)) {
-		print_message("kvd died of signal %d on SIGTERM instead of draining and exiting 0\n",
-			      WTERMSIG(st));
-	} else if (WEXITSTATUS(st)) {
-		print_message("kvd exited with status %d on SIGTERM\n", WEXITSTATUS(st));
-	}
-	D.pid = 0;
-	if (w <= 0 || !WIFEXITED(st) || WEXITSTATUS(st)) {
-		daemon_log_tail();
-		return -1;
-	}
-	return 0;
-}
-
-static void daemon_remove_dir(void)
-{
-	if (!D.dir[0])
-		return;
-	unlink(D.log);
-	unlink(D.sock);	/* left behind when the daemon was killed */
-	rmdir(D.dir);
-	D.dir[0] = 0;
-}
 
 /* For failures where the daemon went quiet: its own account, then the failure. */
 #define fail_with_log(...)			\
 	do {					\
-		daemon_log_tail();		\
+		kp_log_tail(&D);		\
 		fail_msg(__VA_ARGS__);		\
 	} while (0)
 
-/* Entries of /proc/<daemon>/fd. */
-static int daemon_fds(void)
-{
-	char path[64];
-	snprintf(path, sizeof(path), "/proc/%d/fd", (int)D.pid);
-	DIR *d = opendir(path);
-	if (!d)
-		return -errno;
-	int n = 0;
-	for (struct dirent *e; (e = readdir(d));)
-		n += e->d_name[0] != '.';
-	closedir(d);
-	return n;
-}
-
-/* ---- a raw client: the wire protocol by hand ---- */
-
-struct raw {
-	int fd;				/* the SOCK_SEQPACKET connection */
-	int memfd, kick_fd, call_fd;	/* from the first SESSION_OPEN */
-	uint8_t *region;		/* (region_bytes,) shared with the daemon */
-	size_t region_bytes;
-	struct kvd_ring_hdr *sq, *cq;
-	struct kvd_sqe *sqes;		/* (sq_entries,) */
-	struct kvd_cqe *cqes;		/* (cq_entries,) */
-	uint8_t *arena;			/* (arena_bytes,) */
-	uint32_t arena_bytes, sq_entries, cq_entries;
-	uint32_t sq_tail;		/* ours; published to sq->tail */
-	uint32_t cq_head;		/* ours; published to cq->head */
-	uint32_t seq;			/* of the last control message */
-	uint32_t session;		/* the first session's id */
-	struct kvd_hello_rep hello;
-};
-
-static void raw_init(struct raw *r)
-{
-	memset(r, 0, sizeof(*r));
-	r->fd = r->memfd = r->kick_fd = r->call_fd = -1;
-}
-
-static void raw_close(struct raw *r)
-{
-	if (r->region)
-		munmap(r->region, r->region_bytes);
-	int fds[4] = { r->fd, r->memfd, r->kick_fd, r->call_fd };
-	for (int i = 0; i < 4; i++)
-		if (fds[i] >= 0)
-			close(fds[i]);
-	raw_init(r);
-}
-
-static int raw_connect(struct raw *r)
-{
-	raw_init(r);
-	r->fd = try_connect(D.sock);
-	return r->fd < 0 ? r->fd : 0;
-}
-
-static struct kvd_msg_hdr msg_hdr(uint16_t type, size_t len)
-{
-	return (struct kvd_msg_hdr){ .magic = KVD_MAGIC, .type = type, .len = (uint32_t)len };
-}
-
-/*
- * One datagram within timeout_ms: its length, 0 at EOF, or -errno
- * (-ETIMEDOUT). Passed fds go to fds (at most 4, *nfds of them); with fds
- * NULL they are closed.
- */
-static int raw_recv(struct raw *r, void *buf, size_t cap, int *fds, int *nfds, int timeout_ms)
-{
-	struct pollfd p = { r->fd, POLLIN, 0 };
-	int n = poll(&p, 1, timeout_ms);
-	if (n <= 0)
-		return n < 0 ? -errno : -ETIMEDOUT;
-	union {
-		char b[CMSG_SPACE(4 * sizeof(int))];
-		struct cmsghdr align;
-	} u;
-	struct iovec iov = { buf, cap };
-	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.b,
-			     .msg_controllen = sizeof(u.b) };
-	ssize_t got = recvmsg(r->fd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
-	if (got < 0)
-		return -errno;
-	int k = 0;
-	for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
-		if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
-			continue;
-		int cnt = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-		for (int i = 0; i < cnt; i++) {
-			int fd;
-			memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(fd));
-			if (fds && k < 4)
-				fds[k++] = fd;
-			else
-				close(fd);
-		}
-	}
-	if (nfds)
-		*nfds = k;
-	if (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
-		while (k)
-			close(fds[--k]);
-		if (nfds)
-			*nfds = 0;
-		return -EMSGSIZE;
-	}
-	return (int)got;
-}
-
-/* Send req (its header's seq is filled in here) and take the reply: its length or -errno. */
-static int raw_call(struct raw *r, void *req, size_t len, void *rep, size_t cap, int *fds,
-		    int *nfds)
-{
-	struct kvd_msg_hdr *q = req;
-	q->seq = ++r->seq;
-	if (send(r->fd, req, len, MSG_NOSIGNAL) != (ssize_t)len)
-		return -errno;
-	int n = raw_recv(r, rep, cap, fds, nfds, 5000);
-	if (n <= 0)
-		return n ? n : -ECONNRESET;
-	const struct kvd_msg_hdr *h = rep;
-	if ((size_t)n < sizeof(*h) || h->magic != KVD_MAGIC || !(h->flags & KVD_MSGF_REPLY) ||
-	    h->seq != q->seq || h->len != (uint32_t)n) {
-		if (nfds)
-			while (*nfds)
-				close(fds[--*nfds]);
-		return -EPROTO;
-	}
-	return n;
-}
-
-static int raw_hello(struct raw *r, uint32_t features)
-{
-	struct kvd_hello_req q = { .hdr = msg_hdr(KVD_MSG_HELLO, sizeof(q)),
-				   .abi_version = KVD_ABI_VERSION, .features = features };
-	int n = raw_call(r, &q, sizeof(q), &r->hello, sizeof(r->hello), NULL, NULL);
-	if (n < 0)
-		return n;
-	if (r->hello.hdr.status)
-		return r->hello.hdr.status;
-	/* Senders zero reserved fields: the daemon too. */
-	return n == (int)sizeof(r->hello) && r->hello.hdr.type == KVD_MSG_HELLO &&
-	       !r->hello.resv[0] && !r->hello.resv[1] ? 0 : -EPROTO;
-}
-
-/* Map the region a first SESSION_OPEN reply describes; fds (memfd, kick, call) become r's on 0. */
-static int raw_map(struct raw *r, const struct kvd_session_open_rep *a, const int *fds)
-{
-	const uint64_t offs[5] = { a->sq_off, a->cq_off, a->sqes_off, a->cqes_off, a->arena_off };
-	/* Every part starts on a 64-byte boundary and lies inside the region. */
-	for (int i = 0; i < 5; i++)
-		if (offs[i] % 64 || offs[i] >= a->region_bytes)
-			return -EPROTO;
-	if (a->sqes_off + (uint64_t)a->sq_entries * sizeof(struct kvd_sqe) > a->region_bytes ||
-	    a->cqes_off + (uint64_t)a->cq_entries * sizeof(struct kvd_cqe) > a->region_bytes ||
-	    a->arena_off + a->arena_bytes > a->region_bytes)
-		return -EPROTO;
-	uint8_t *p = mmap(NULL, a->region_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
-	if (p == MAP_FAILED)
-		return -errno;
-	if (((struct kvd_ring_hdr *)(p + a->sq_off))->ring_entries != a->sq_entries ||
-	    ((struct kvd_ring_hdr *)(p + a->cq_off))->ring_entries != a->cq_entries) {
-		munmap(p, a->region_bytes);
-		return -EPROTO;
-	}
-	r->region = p;
-	r->region_bytes = a->region_bytes;
-	r->sq = (struct kvd_ring_hdr *)(r->region + a->sq_off);
-	r->cq = (struct kvd_ring_hdr *)(r->region + a->cq_off);
-	r->sqes = (struct kvd_sqe *)(r->region + a->sqes_off);
-	r->cqes = (struct kvd_cqe *)(r->region + a->cqes_off);
-	r->arena = r->region + a->arena_off;
-	r->arena_bytes = a->arena_bytes;
-	r->sq_entries = a->sq_entries;
-	r->cq_entries = a->cq_entries;
-	r->memfd = fds[0];
-	r->kick_fd = fds[1];
-	r->call_fd = fds[2];
-	return 0;
-}
-
-/* SESSION_OPEN; the first one also maps the region. 0 (id in *id), the reply's status or -errno. */
-static int raw_session_open(struct raw *r, uint32_t sq, uint32_t cq, uint32_t *id)
-{
-	struct kvd_session_open_req q = { .hdr = msg_hdr(KVD_MSG_SESSION_OPEN, sizeof(q)),
-					  .sq_entries = sq, .cq_entries = cq };
-	struct kvd_session_open_rep a;
-	int fds[4], nfds = 0;
-	int n = raw_call(r, &q, sizeof(q), &a, sizeof(a), fds, &nfds);
-	if (n < 0)
-		return n;
-	int rc = 0, first = !r->region;
-	if (a.hdr.status)
-		rc = a.hdr.status;
-	else if (n != (int)sizeof(a) || a.hdr.type != KVD_MSG_SESSION_OPEN || a.resv0)
-		rc = -EPROTO;
-	else if (first != !!(a.flags & KVD_OPENF_FDS) || nfds != (first ? 3 : 0))
-		rc = -EPROTO;
-	else if (first)
-		rc = raw_map(r, &a, fds);
-	if (rc)
-		while (nfds)
-			close(fds[--nfds]);
-	if (!rc)
-		*id = a.session_id;
-	return rc;
-}
-
-/* Connect, HELLO, SESSION_OPEN with sq/cq entries (0: defaults). */
-static int raw_open(struct raw *r, uint32_t sq, uint32_t cq)
-{
-	int rc = raw_connect(r);
-	if (!rc)
-		rc = raw_hello(r, KVD_FEAT_ALL & ~KVD_FEAT_VOCAB);
-	if (!rc)
-		rc = raw_session_open(r, sq, cq, &r->session);
-	if (rc)
-		raw_close(r);
-	return rc;
-}
-
-static int raw_stats(struct raw *r, struct kvd_stats_rep *st)
-{
-	struct kvd_msg_hdr q = msg_hdr(KVD_MSG_STATS, sizeof(q));
-	int n = raw_call(r, &q, sizeof(q), st, sizeof(*st), NULL, NULL);
-	if (n < 0)
-		return n;
-	if (st->hdr.status)
-		return st->hdr.status;
-	return n == (int)sizeof(*st) && st->hdr.type == KVD_MSG_STATS ? 0 : -EPROTO;
-}
-
-/*
- * Kick the daemon if it said it sleeps. The full barrier in
- * kvring_needs_wakeup() orders our tail (or CQ head) store before the flag
- * load; it pairs with the one in the daemon's kvring_set_need_wakeup().
- */
-static int raw_kick_if_asleep(struct raw *r)
-{
-	if (!kvring_needs_wakeup(r->sq))
-		return 0;
-	uint64_t one = 1;
-	return write(r->kick_fd, &one, sizeof(one)) == (ssize_t)sizeof(one) ? 0 : -errno;
-}
-
-/* Publish one SQE; -EAGAIN when the SQ is full. */
-static int raw_submit(struct raw *r, const struct kvd_sqe *q)
-{
-	if (kvring_space(r->sq, r->sq_tail) == 0)
-		return -EAGAIN;
-	r->sqes[r->sq_tail & (r->sq_entries - 1)] = *q;
-	kvring_publish(r->sq, ++r->sq_tail);
-	return raw_kick_if_asleep(r);
-}
-
-/* Take one CQE if there is one (1), else 0. */
-static int raw_peek(struct raw *r, struct kvd_cqe *out)
-{
-	if (kvring_ready(r->cq, r->cq_head) == 0)
-		return 0;
-	*out = r->cqes[r->cq_head & (r->cq_entries - 1)];
-	kvring_consume(r->cq, ++r->cq_head);
-	/* Room freed while the daemon holds overflow: it may sleep waiting for exactly that. */
-	if (__atomic_load_n(&r->cq->flags, __ATOMIC_ACQUIRE) & KVD_RING_CQ_OVERFLOW)
-		raw_kick_if_asleep(r);
-	return 1;
-}
-
-/*
- * Wait for a CQE the way a client library sleeps: set CQ NEED_WAKEUP, look
- * once more, then poll the call eventfd and the socket. 0 with a CQE,
- * -ETIMEDOUT, -ECONNRESET when the daemon hung up.
- */
-static int raw_wait(struct raw *r, struct kvd_cqe *out, int timeout_ms)
-{
-	int64_t end = now_ms() + timeout_ms;
-	for (;;) {
-		if (raw_peek(r, out))
-			return 0;
-		kvring_set_need_wakeup(r->cq);
-		if (raw_peek(r, out)) {
-			kvring_clear_need_wakeup(r->cq);
-			return 0;
-		}
-		struct pollfd p[2] = { { r->call_fd, POLLIN, 0 }, { r->fd, POLLIN, 0 } };
-		int64_t left = end - now_ms();
-		int n = poll(p, 2, left > 0 ? (int)left : 0);
-		kvring_clear_need_wakeup(r->cq);
-		if (n < 0 && errno != EINTR)
-			return -errno;
-		if (p[0].revents & POLLIN) {
-			uint64_t v;
-			if (read(r->call_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
-				return -errno;
-		}
-		/* A daemon that exits may have posted completions first: they are ours still. */
-		if ((p[1].revents & (POLLHUP | POLLERR | POLLIN)) && raw_peek(r, out))
-			return 0;
-		if (p[1].revents & (POLLHUP | POLLERR))
-			return -ECONNRESET;
-		if (p[1].revents & POLLIN) {
-			char b;
-			/* The daemon sends nothing unasked: anything readable is EOF or a protocol error. */
-			return recv(r->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 0 ? -ECONNRESET : -EPROTO;
-		}
-		if (n == 0 && now_ms() >= end)
-			return raw_peek(r, out) ? 0 : -ETIMEDOUT;
-	}
-}
-
-/* Wait for ud's final CQE, passing over its MORE ones; another request's CQE is -EPROTO. */
-static int raw_finish(struct raw *r, uint64_t ud, struct kvd_cqe *fin)
-{
-	for (;;) {
-		int rc = raw_wait(r, fin, WAIT_MS);
-		if (rc)
-			return rc;
-		if (fin->user_data != ud)
-			return -EPROTO;
-		if (!(fin->flags & KVD_CQE_MORE))
-			return 0;
-	}
-}
-
-static const uint32_t *raw_out(const struct raw *r)
+static const uint32_t *out_ids(const struct wire *r)
 {
 	return (const uint32_t *)(r->arena + OUT_OFF);
 }
 
 /* GENERATE of max_tokens after PROMPT, which this puts at arena offset 0. */
-static struct kvd_sqe gen_sqe(struct raw *r, uint64_t ud, uint32_t max_tokens, uint16_t flags)
+static struct kvd_sqe gen_sqe(struct wire *r, uint64_t ud, uint32_t max_tokens, uint16_t flags)
 {
 	memcpy(r->arena, PROMPT, sizeof(PROMPT));
 	return (struct kvd_sqe){ .opcode = KVD_OP_GENERATE, .flags = flags, .session_id = r->session,
@@ -569,20 +69,20 @@ static struct kvd_sqe gen_sqe(struct raw *r, uint64_t ud, uint32_t max_tokens, u
 				 .out_off = OUT_OFF, .max_tokens = max_tokens };
 }
 
-static struct kvd_sqe reset_sqe(const struct raw *r, uint64_t ud, uint32_t slot)
+static struct kvd_sqe reset_sqe(const struct wire *r, uint64_t ud, uint32_t slot)
 {
 	return (struct kvd_sqe){ .opcode = KVD_OP_RESET, .session_id = r->session,
 				 .user_data = ud, .slot = slot };
 }
 
 /* The connection still works: a short GENERATE completes with all its tokens. */
-static void assert_serves(struct raw *r, const char *after)
+static void assert_serves(struct wire *r, const char *after)
 {
 	struct kvd_sqe q = gen_sqe(r, 0x5e5e, 4, KVD_SQE_IGNORE_EOS);
 	struct kvd_cqe c = { 0 };
-	int rc = raw_submit(r, &q);
+	int rc = wire_submit(r, &q);
 	if (!rc)
-		rc = raw_finish(r, q.user_data, &c);
+		rc = wire_finish(r, q.user_data, &c, WAIT_MS);
 	if (rc)
 		fail_with_log("after %s: GENERATE got no final CQE: %s", after, strerror(-rc));
 	if (c.res != 4 || c.n_out != 4 || !(c.flags & KVD_CQE_LENGTH))
@@ -591,16 +91,16 @@ static void assert_serves(struct raw *r, const char *after)
 }
 
 /* Ask STATS until pred holds or timeout_ms pass; the last reply in *st. */
-static int stats_until(struct raw *r, struct kvd_stats_rep *st, int timeout_ms,
+static int stats_until(struct wire *r, struct kvd_stats_rep *st, int timeout_ms,
 		       int (*pred)(const struct kvd_stats_rep *, const void *), const void *arg)
 {
-	for (int64_t end = now_ms() + timeout_ms;; sleep_ms(20)) {
-		int rc = raw_stats(r, st);
+	for (int64_t end = kp_now_ms() + timeout_ms;; kp_sleep_ms(20)) {
+		int rc = wire_stats(r, st);
 		if (rc)
 			return rc;
 		if (pred(st, arg))
 			return 0;
-		if (now_ms() >= end)
+		if (kp_now_ms() >= end)
 			return -ETIMEDOUT;
 	}
 }
@@ -634,6 +134,14 @@ static int group_setup(void **state)
 	return 0;
 }
 
+/* A daemon of plenty of KV blocks with debug logs; threads: its compute threads, NULL for its default (every core). */
+static int daemon_start(const char *threads)
+{
+	const char *extra[] = { "--kv-blocks", KV_BLOCKS, "--log-level", "debug",
+				threads ? "--threads" : NULL, threads, NULL };
+	return kp_start(&D, extra);
+}
+
 /*
  * One compute thread, for the daemon and for test 1's reference engine: the
  * pool's workers spin, and a pool of one thread per core slows down 30-fold
@@ -647,7 +155,7 @@ static int setup(void **state)
 		return 0;
 	if (!daemon_start("1"))
 		return 0;
-	daemon_remove_dir();	/* no teardown follows a failed setup */
+	kp_cleanup(&D);	/* no teardown follows a failed setup */
 	return -1;
 }
 
@@ -659,15 +167,15 @@ static int setup_all_cores(void **state)
 		return 0;
 	if (!daemon_start(NULL))
 		return 0;
-	daemon_remove_dir();
+	kp_cleanup(&D);
 	return -1;
 }
 
 static int teardown(void **state)
 {
 	(void)state;
-	int rc = daemon_stop();
-	daemon_remove_dir();
+	int rc = kp_stop(&D);
+	kp_cleanup(&D);	/* a test that killed it leaves its files */
 	return rc;
 }
 
@@ -751,10 +259,10 @@ static void client_main(uint32_t idx, const uint32_t *prompt, uint32_t n, int re
 			int res_fd)
 {
 	struct client_result out = { .idx = idx };
-	struct raw r;
+	struct wire r;
 	struct kvd_cqe c;
 	char b = 1;
-	int rc = raw_open(&r, 0, 0);
+	int rc = wire_open(&r, D.sock, 0, 0);
 	alarm(60);	/* a lost client must not outlive the test by long */
 	if (write(ready_fd, &b, 1) != 1 || read(go_fd, &b, 1) != 0)
 		rc = rc ? rc : -EPIPE;
@@ -762,28 +270,28 @@ static void client_main(uint32_t idx, const uint32_t *prompt, uint32_t n, int re
 	if (!rc) {
 		memcpy(r.arena, prompt, (size_t)n * sizeof(uint32_t));
 		q = case_sqe(r.session, idx, n);
-		rc = raw_submit(&r, &q);
+		rc = wire_submit(&r, &q);
 	}
-	while (!rc && !(rc = raw_wait(&r, &c, WAIT_MS))) {
+	while (!rc && !(rc = wire_wait(&r, &c, WAIT_MS))) {
 		if (c.user_data != q.user_data) {
 			rc = -EPROTO;
 		} else if (c.flags & KVD_CQE_MORE) {
 			/* A streamed token is already in the arena and matches the CQE. */
 			out.n_more++;
 			if (c.n_out != out.n_more || c.res != (int32_t)c.n_out || c.n_out > GEN_TOKENS ||
-			    raw_out(&r)[c.n_out - 1] != c.token)
+			    out_ids(&r)[c.n_out - 1] != c.token)
 				rc = -EBADMSG;
 		} else {
 			out.res = c.res;
 			out.flags = c.flags;
 			out.n_out = c.n_out;
 			if (c.res > 0 && c.res <= GEN_TOKENS)
-				memcpy(out.tokens, raw_out(&r), (size_t)c.res * sizeof(uint32_t));
+				memcpy(out.tokens, out_ids(&r), (size_t)c.res * sizeof(uint32_t));
 			break;
 		}
 	}
 	out.status = rc;
-	raw_close(&r);
+	wire_close(&r);
 	_exit(write(res_fd, &out, sizeof(out)) == (ssize_t)sizeof(out) ? 0 : 1);
 }
 
@@ -795,83 +303,45 @@ struct expected {
 	uint32_t flags;		/* KVD_CQE_EOS or KVD_CQE_LENGTH */
 };
 
-/* Prefill, then sample/forward one token at a time, exactly as the daemon's scheduler does. */
-static void expect_in_process(struct engine *e, const struct tokenizer *tok, uint32_t vocab,
-			      const struct kvd_sqe *q, struct expected *x)
+/* The tokens the daemon must give case q: the reference generator's, in process. */
+static void expect_in_process(struct fixture *fx, const struct kvd_sqe *q, struct expected *x)
 {
-	struct engine_seq seq;
-	struct engine_row rows[MAX_PROMPT];
 	struct sampler_params sp;
-	struct sampler *smp;
-	float *logits = malloc((size_t)vocab * sizeof(float));
-	assert_non_null(logits);
+	int eos;
 	params_from_sqe(q, &sp);
-	assert_int_equal(sampler_create(&smp, &sp, vocab), 0);
-	engine_seq_init(e, &seq, 0);
-	for (uint32_t i = 0; i < x->n_prompt; i++)
-		rows[i] = (struct engine_row){ &seq, i, x->prompt[i], i + 1 == x->n_prompt };
-	assert_int_equal(engine_forward(e, rows, x->n_prompt, logits), 0);
-	for (x->n = 0;;) {
-		/* The history is what the sequence has cached: the prompt and the tokens fed so far. */
-		uint32_t t = sampler_sample(smp, logits, seq.kv.tokens, seq.kv.n_tokens);
-		x->tokens[x->n++] = t;
-		if (tokenizer_is_eog(tok, t)) {
-			x->flags = KVD_CQE_EOS;
-			break;
-		}
-		if (x->n == q->max_tokens) {
-			x->flags = KVD_CQE_LENGTH;
-			break;
-		}
-		struct engine_row row = { &seq, engine_seq_len(&seq), t, 1 };
-		assert_int_equal(engine_forward(e, &row, 1, logits), 0);
-	}
-	engine_seq_release(e, &seq);
-	sampler_destroy(smp);
-	free(logits);
+	int n = ref_generate(fx, &sp, x->prompt, x->n_prompt, q->max_tokens, 0, x->tokens, &eos);
+	assert_in_range(n, 1, GEN_TOKENS);
+	x->n = (uint32_t)n;
+	x->flags = eos ? KVD_CQE_EOS : KVD_CQE_LENGTH;
 }
 
 /* Loads the model and computes every case's tokens; all threads gone when it returns. */
 static void expect_all(struct expected *x)
 {
 	char err[256];
-	struct model *m;
-	struct tokenizer *tok;
-	struct backend *be;
-	struct kvpool *pool;
-	struct engine *e;
-	if (model_load(&m, model_path(), err, sizeof(err)))
-		fail_msg("cannot load model '%s': %s", model_path(), err);
-	assert_int_equal(tokenizer_create(&tok, m->gguf, err, sizeof(err)), 0);
-	assert_int_equal(backend_cpu_create(&be, 1), 0);	/* see setup() */
-	/* The daemon's pool: 16-token f16 blocks. */
-	struct kvpool_config pc = { .n_blocks = 64, .block_tokens = 16, .n_layers = m->hp.n_layers,
-				    .kv_dim = m->hp.kv_dim, .kv_type = KB_F16 };
-	assert_int_equal(kvpool_create(&pool, &pc), 0);
-	assert_int_equal(engine_create(&e, m, be, pool, MAX_PROMPT), 0);
+	struct fixture fx;
+	/* One thread (see setup()); the daemon's pool layout. */
+	if (fixture_open(&fx, 1, 64, MAX_PROMPT, err, sizeof(err)))
+		fail_msg("%s", err);
 	for (uint32_t i = 0; i < N_CLIENTS; i++) {
 		const char *p = CASES[i].prompt;
-		int n = tokenizer_encode(tok, p, strlen(p), tokenizer_add_bos(tok), 0, x[i].prompt,
+		int n = tokenizer_encode(fx.tok, p, strlen(p), tokenizer_add_bos(fx.tok), 0, x[i].prompt,
 					 MAX_PROMPT);
 		assert_in_range(n, 1, MAX_PROMPT);
 		x[i].n_prompt = (uint32_t)n;
 		struct kvd_sqe q = case_sqe(0, i, x[i].n_prompt);
-		expect_in_process(e, tok, m->hp.vocab, &q, &x[i]);
+		expect_in_process(&fx, &q, &x[i]);
 	}
-	engine_destroy(e);
-	kvpool_destroy(pool);
-	be->ops->destroy(be);
-	tokenizer_destroy(tok);
-	model_free(m);
+	fixture_close(&fx);
 }
 
 /* Read exactly len bytes within timeout_ms: 0, -ETIMEDOUT, or -EPIPE at EOF. */
 static int read_full(int fd, void *buf, size_t len, int timeout_ms)
 {
-	int64_t end = now_ms() + timeout_ms;
+	int64_t end = kp_now_ms() + timeout_ms;
 	for (size_t got = 0; got < len;) {
 		struct pollfd p = { fd, POLLIN, 0 };
-		int64_t left = end - now_ms();
+		int64_t left = end - kp_now_ms();
 		if (left <= 0 || poll(&p, 1, (int)left) == 0)
 			return -ETIMEDOUT;
 		ssize_t n = read(fd, (char *)buf + got, len - got);
@@ -896,12 +366,11 @@ static void test_concurrent_clients_match_in_process(void **state)
 	assert_int_equal(pipe2(ready, O_CLOEXEC), 0);
 	assert_int_equal(pipe2(go, O_CLOEXEC), 0);
 	assert_int_equal(pipe2(res, O_CLOEXEC), 0);
-	pid_t kids[N_CLIENTS], parent = getpid();
+	pid_t kids[N_CLIENTS];
 	for (uint32_t i = 0; i < N_CLIENTS; i++) {
-		kids[i] = fork();
+		kids[i] = kp_fork();
 		assert_true(kids[i] >= 0);
 		if (kids[i] == 0) {
-			child_bound_to_parent(parent);
 			close(ready[0]);
 			close(go[1]);
 			close(res[0]);
@@ -966,30 +435,30 @@ static void test_cancel_mid_generation(void **state)
 {
 	(void)state;
 	need_daemon();
-	struct raw r;
+	struct wire r;
 	struct kvd_stats_rep st0, st;
 	struct kvd_cqe c, fin = { 0 };
-	assert_int_equal(raw_open(&r, 0, 0), 0);
-	assert_int_equal(raw_stats(&r, &st0), 0);
+	assert_int_equal(wire_open(&r, D.sock, 0, 0), 0);
+	assert_int_equal(wire_stats(&r, &st0), 0);
 
 	struct kvd_sqe q = gen_sqe(&r, 100, 200, KVD_SQE_STREAM | KVD_SQE_IGNORE_EOS);
-	assert_int_equal(raw_submit(&r, &q), 0);
+	assert_int_equal(wire_submit(&r, &q), 0);
 	uint32_t n_more = 0;
 	while (n_more < 3) {
-		assert_int_equal(raw_wait(&r, &c, WAIT_MS), 0);
+		assert_int_equal(wire_wait(&r, &c, WAIT_MS), 0);
 		assert_int_equal(c.user_data, 100);
 		assert_true(c.flags & KVD_CQE_MORE);
 		assert_int_equal(c.n_out, ++n_more);
 	}
-	assert_int_equal(raw_stats(&r, &st), 0);
+	assert_int_equal(wire_stats(&r, &st), 0);
 	assert_true(st.kv_blocks_used > st0.kv_blocks_used);
 
 	struct kvd_sqe x = { .opcode = KVD_OP_CANCEL, .session_id = r.session, .user_data = 101,
 			     .target_user_data = 100 };
-	assert_int_equal(raw_submit(&r, &x), 0);
+	assert_int_equal(wire_submit(&r, &x), 0);
 	int got_cancel = 0, got_final = 0;
 	while (!got_cancel || !got_final) {
-		assert_int_equal(raw_wait(&r, &c, WAIT_MS), 0);
+		assert_int_equal(wire_wait(&r, &c, WAIT_MS), 0);
 		if (c.user_data == 101) {
 			assert_false(got_cancel);
 			assert_int_equal(c.res, 0);
@@ -998,7 +467,7 @@ static void test_cancel_mid_generation(void **state)
 		} else if (c.user_data == 100 && (c.flags & KVD_CQE_MORE)) {
 			assert_false(got_final);
 			assert_int_equal(c.n_out, ++n_more);
-			assert_int_equal(raw_out(&r)[c.n_out - 1], c.token);
+			assert_int_equal(out_ids(&r)[c.n_out - 1], c.token);
 		} else {
 			assert_int_equal(c.user_data, 100);
 			assert_false(got_final);
@@ -1011,19 +480,19 @@ static void test_cancel_mid_generation(void **state)
 	assert_int_equal(fin.res, n_more);
 	assert_int_equal(fin.n_out, n_more);
 	assert_true(fin.res < 200);
-	assert_int_equal(fin.token, raw_out(&r)[fin.n_out - 1]);
+	assert_int_equal(fin.token, out_ids(&r)[fin.n_out - 1]);
 
 	/* Nothing of that name is in flight any more. */
-	assert_int_equal(raw_submit(&r, &x), 0);
-	assert_int_equal(raw_wait(&r, &c, WAIT_MS), 0);
+	assert_int_equal(wire_submit(&r, &x), 0);
+	assert_int_equal(wire_wait(&r, &c, WAIT_MS), 0);
 	assert_int_equal(c.user_data, 101);
 	assert_int_equal(c.res, -ENOENT);
 
 	/* The same session and slot serve again; then RESET returns the slot's blocks. */
 	assert_serves(&r, "a cancelled GENERATE");
 	struct kvd_sqe z = reset_sqe(&r, 102, 0);
-	assert_int_equal(raw_submit(&r, &z), 0);
-	assert_int_equal(raw_wait(&r, &c, WAIT_MS), 0);
+	assert_int_equal(wire_submit(&r, &z), 0);
+	assert_int_equal(wire_wait(&r, &c, WAIT_MS), 0);
 	assert_int_equal(c.user_data, 102);
 	assert_int_equal(c.res, 0);
 	if (stats_until(&r, &st, 2000, used_is, &st0.kv_blocks_used))
@@ -1031,7 +500,7 @@ static void test_cancel_mid_generation(void **state)
 			 (unsigned long long)st.kv_blocks_used, (unsigned long long)st.kv_blocks_cached,
 			 (unsigned long long)st0.kv_blocks_used);
 	assert_true(st.kv_blocks_used + st.kv_blocks_cached <= st.kv_blocks_total);
-	raw_close(&r);
+	wire_close(&r);
 }
 
 /* ---- 3. a client killed mid-generation ---- */
@@ -1040,32 +509,31 @@ static void test_killed_client_is_reclaimed(void **state)
 {
 	(void)state;
 	need_daemon();
-	struct raw s, b;
+	struct wire s, b;
 	struct kvd_stats_rep st0, st;
 	struct kvd_cqe c;
 	/* s only asks STATS; b keeps generating while the other client dies. */
-	assert_int_equal(raw_connect(&s), 0);
-	assert_int_equal(raw_hello(&s, 0), 0);
-	assert_int_equal(raw_open(&b, 0, 0), 0);
+	assert_int_equal(wire_connect(&s, D.sock), 0);
+	assert_int_equal(wire_hello(&s, 0), 0);
+	assert_int_equal(wire_open(&b, D.sock, 0, 0), 0);
 	uint32_t two = 2;
 	assert_int_equal(stats_until(&s, &st0, 2000, conns_are, &two), 0);
-	int fd0 = daemon_fds();
+	int fd0 = kp_fds(D.pid);
 	assert_true(fd0 > 0);
 
 	int sig[2];
 	assert_int_equal(pipe2(sig, O_CLOEXEC), 0);
-	pid_t parent = getpid(), kid = fork();
+	pid_t kid = kp_fork();
 	assert_true(kid >= 0);
 	if (kid == 0) {
-		struct raw k;
+		struct wire k;
 		char one = 1;
-		child_bound_to_parent(parent);
 		alarm(60);
 		close(sig[0]);
-		if (raw_open(&k, 0, 0))
+		if (wire_open(&k, D.sock, 0, 0))
 			_exit(1);
 		struct kvd_sqe q = gen_sqe(&k, 1, 1000, KVD_SQE_STREAM | KVD_SQE_IGNORE_EOS);
-		if (raw_submit(&k, &q) || raw_wait(&k, &c, WAIT_MS) || write(sig[1], &one, 1) != 1)
+		if (wire_submit(&k, &q) || wire_wait(&k, &c, WAIT_MS) || write(sig[1], &one, 1) != 1)
 			_exit(1);
 		for (;;)
 			pause();	/* mid-generation, until SIGKILL */
@@ -1074,22 +542,22 @@ static void test_killed_client_is_reclaimed(void **state)
 	char one;
 	assert_int_equal(read_full(sig[0], &one, 1, 30000), 0);
 	close(sig[0]);
-	assert_int_equal(raw_stats(&s, &st), 0);
+	assert_int_equal(wire_stats(&s, &st), 0);
 	assert_true(st.kv_blocks_used > st0.kv_blocks_used);
-	assert_true(daemon_fds() > fd0);
+	assert_true(kp_fds(D.pid) > fd0);
 
 	struct kvd_sqe q = gen_sqe(&b, 7, 16, KVD_SQE_IGNORE_EOS);
-	assert_int_equal(raw_submit(&b, &q), 0);
+	assert_int_equal(wire_submit(&b, &q), 0);
 	int wst;
 	assert_int_equal(kill(kid, SIGKILL), 0);
 	assert_int_equal(waitpid(kid, &wst, 0), kid);
 	assert_true(WIFSIGNALED(wst) && WTERMSIG(wst) == SIGKILL);
-	assert_int_equal(raw_finish(&b, 7, &c), 0);
+	assert_int_equal(wire_finish(&b, 7, &c, WAIT_MS), 0);
 	assert_int_equal(c.res, 16);
 	assert_true(c.flags & KVD_CQE_LENGTH);
 	struct kvd_sqe z = reset_sqe(&b, 8, 0);
-	assert_int_equal(raw_submit(&b, &z), 0);
-	assert_int_equal(raw_finish(&b, 8, &c), 0);
+	assert_int_equal(wire_submit(&b, &z), 0);
+	assert_int_equal(wire_finish(&b, 8, &c, WAIT_MS), 0);
 	assert_int_equal(c.res, 0);
 
 	/* The dead client's connection, blocks and fds all go back. */
@@ -1097,13 +565,13 @@ static void test_killed_client_is_reclaimed(void **state)
 		fail_msg("kv_blocks_used %llu, was %llu before the client was killed",
 			 (unsigned long long)st.kv_blocks_used, (unsigned long long)st0.kv_blocks_used);
 	assert_int_equal(stats_until(&s, &st, 3000, conns_are, &two), 0);
-	int fds = daemon_fds();
-	for (int64_t end = now_ms() + 3000; fds != fd0 && now_ms() < end; sleep_ms(20))
-		fds = daemon_fds();
+	int fds = kp_fds(D.pid);
+	for (int64_t end = kp_now_ms() + 3000; fds != fd0 && kp_now_ms() < end; kp_sleep_ms(20))
+		fds = kp_fds(D.pid);
 	if (fds != fd0)
 		fail_msg("kvd holds %d fds, %d before the client was killed", fds, fd0);
-	raw_close(&b);
-	raw_close(&s);
+	wire_close(&b);
+	wire_close(&s);
 }
 
 /* ---- 4. malformed input, answered precisely; the daemon serves on ---- */
@@ -1148,7 +616,7 @@ static const struct {
 	{ SB_RESV, "nonzero SQE resv", -EINVAL },
 };
 
-static void sqe_mangle(struct raw *r, struct kvd_sqe *q, enum sqe_bad bad)
+static void sqe_mangle(struct wire *r, struct kvd_sqe *q, enum sqe_bad bad)
 {
 	switch (bad) {
 	case SB_OPCODE: q->opcode = KVD_OP_LAST; break;
@@ -1187,14 +655,14 @@ static void test_malformed_sqes(void **state)
 	need_daemon();
 	int bad = 0;
 	for (size_t i = 0; i < sizeof(SQE_CASES) / sizeof(SQE_CASES[0]); i++) {
-		struct raw r;
+		struct wire r;
 		struct kvd_cqe c;
-		assert_int_equal(raw_open(&r, 0, 0), 0);
+		assert_int_equal(wire_open(&r, D.sock, 0, 0), 0);
 		assert_true(r.arena_bytes > OUT_OFF + 64);
 		struct kvd_sqe q = gen_sqe(&r, 77, 4, 0);
 		sqe_mangle(&r, &q, SQE_CASES[i].bad);
-		assert_int_equal(raw_submit(&r, &q), 0);
-		int rc = raw_wait(&r, &c, WAIT_MS);
+		assert_int_equal(wire_submit(&r, &q), 0);
+		int rc = wire_wait(&r, &c, WAIT_MS);
 		if (rc) {
 			fail_with_log("%s: no CQE: %s", SQE_CASES[i].what, strerror(-rc));
 		} else if (c.user_data != 77 || c.res != SQE_CASES[i].res || c.flags) {
@@ -1204,35 +672,35 @@ static void test_malformed_sqes(void **state)
 				    strerror(-SQE_CASES[i].res));
 			bad++;
 		}
-		if (raw_peek(&r, &c))
+		if (wire_peek(&r, &c))
 			fail_msg("%s: a second CQE (user_data %llu res %d)", SQE_CASES[i].what,
 				 (unsigned long long)c.user_data, c.res);
 		assert_serves(&r, SQE_CASES[i].what);
-		raw_close(&r);
+		wire_close(&r);
 	}
 
 	/* An SQ tail no producer could write: one CQE (user_data 0, -EINVAL), then in step again. */
-	struct raw r;
+	struct wire r;
 	struct kvd_cqe c;
-	assert_int_equal(raw_open(&r, 0, 0), 0);
+	assert_int_equal(wire_open(&r, D.sock, 0, 0), 0);
 	r.sq_tail += 4 * r.sq_entries;
 	kvring_publish(r.sq, r.sq_tail);
-	assert_int_equal(raw_kick_if_asleep(&r), 0);
-	assert_int_equal(raw_wait(&r, &c, WAIT_MS), 0);
+	assert_int_equal(wire_kick_if_asleep(&r), 0);
+	assert_int_equal(wire_wait(&r, &c, WAIT_MS), 0);
 	if (c.user_data != 0 || c.res != -EINVAL)
 		fail_msg("SQ tail jump: CQE user_data %llu res %d, want 0 and -EINVAL",
 			 (unsigned long long)c.user_data, c.res);
-	for (int64_t end = now_ms() + 2000; kvring_load_head(r.sq) != r.sq_tail && now_ms() < end;)
-		sleep_ms(5);
+	for (int64_t end = kp_now_ms() + 2000; kvring_load_head(r.sq) != r.sq_tail && kp_now_ms() < end;)
+		kp_sleep_ms(5);
 	assert_int_equal(kvring_load_head(r.sq), r.sq_tail);
 	assert_serves(&r, "an SQ tail jump");
-	raw_close(&r);
+	wire_close(&r);
 
 	if (bad)
 		fail_msg("%d malformed SQEs got the wrong answer", bad);
-	assert_int_equal(raw_open(&r, 0, 0), 0);
+	assert_int_equal(wire_open(&r, D.sock, 0, 0), 0);
 	assert_serves(&r, "every malformed SQE");
-	raw_close(&r);
+	wire_close(&r);
 }
 
 enum msg_bad {
@@ -1277,7 +745,7 @@ static size_t msg_mangle(uint8_t *buf, enum msg_bad bad, uint32_t seq)
 	struct kvd_session_open_req *o = (struct kvd_session_open_req *)buf;
 	struct kvd_session_close_req *x = (struct kvd_session_close_req *)buf;
 	size_t len = sizeof(*h);
-	*h = (struct kvd_hello_req){ .hdr = msg_hdr(KVD_MSG_HELLO, sizeof(*h)),
+	*h = (struct kvd_hello_req){ .hdr = wire_hdr(KVD_MSG_HELLO, sizeof(*h)),
 				     .abi_version = KVD_ABI_VERSION };
 	h->hdr.seq = seq;
 	switch (bad) {
@@ -1296,7 +764,7 @@ static size_t msg_mangle(uint8_t *buf, enum msg_bad bad, uint32_t seq)
 	case MB_ABI_0: h->abi_version = 0; break;
 	case MB_OPEN_RESV:
 	case MB_OPEN_SQ3:
-		*o = (struct kvd_session_open_req){ .hdr = msg_hdr(KVD_MSG_SESSION_OPEN, sizeof(*o)) };
+		*o = (struct kvd_session_open_req){ .hdr = wire_hdr(KVD_MSG_SESSION_OPEN, sizeof(*o)) };
 		o->hdr.seq = seq;
 		if (bad == MB_OPEN_RESV)
 			o->resv0 = 1;
@@ -1306,7 +774,7 @@ static size_t msg_mangle(uint8_t *buf, enum msg_bad bad, uint32_t seq)
 		break;
 	case MB_CLOSE_UNKNOWN:
 	case MB_CLOSE_RESV:
-		*x = (struct kvd_session_close_req){ .hdr = msg_hdr(KVD_MSG_SESSION_CLOSE, sizeof(*x)),
+		*x = (struct kvd_session_close_req){ .hdr = wire_hdr(KVD_MSG_SESSION_CLOSE, sizeof(*x)),
 						     .session_id = 0x4242 };
 		x->hdr.seq = seq;
 		x->resv = bad == MB_CLOSE_RESV;
@@ -1325,17 +793,17 @@ static void test_malformed_control_messages(void **state)
 	int bad = 0;
 	for (size_t i = 0; i < sizeof(MSG_CASES) / sizeof(MSG_CASES[0]); i++) {
 		const char *what = MSG_CASES[i].what;
-		struct raw r;
+		struct wire r;
 		static uint8_t buf[4096];
 		union {
 			struct kvd_msg_hdr hdr;
 			uint8_t b[512];
 		} rep;
 		memset(buf, 0, sizeof(buf));
-		assert_int_equal(raw_connect(&r), 0);
+		assert_int_equal(wire_connect(&r, D.sock), 0);
 		size_t len = msg_mangle(buf, MSG_CASES[i].bad, 900 + (uint32_t)i);
 		assert_int_equal(send(r.fd, buf, len, MSG_NOSIGNAL), (ssize_t)len);
-		int n = raw_recv(&r, &rep, sizeof(rep), NULL, NULL, 5000);
+		int n = wire_recv(&r, &rep, sizeof(rep), NULL, NULL, 5000);
 		if (n < (int)sizeof(rep.hdr))
 			fail_msg("%s: no reply (%d): the connection should stay usable", what, n);
 		const struct kvd_msg_hdr *h = &rep.hdr;
@@ -1352,20 +820,20 @@ static void test_malformed_control_messages(void **state)
 			bad++;
 		}
 		/* Control-message errors leave the connection usable: the whole handshake, then work. */
-		int rc = raw_hello(&r, KVD_FEAT_ALL & ~KVD_FEAT_VOCAB);
+		int rc = wire_hello(&r, KVD_FEAT_ALL & ~KVD_FEAT_VOCAB);
 		if (!rc)
-			rc = raw_session_open(&r, 0, 0, &r.session);
+			rc = wire_session_open(&r, 0, 0, &r.session);
 		if (rc)
 			fail_msg("after %s: handshake on the same connection: %s", what, strerror(-rc));
 		assert_serves(&r, what);
-		raw_close(&r);
+		wire_close(&r);
 	}
 	if (bad)
 		fail_msg("%d malformed control messages got the wrong answer", bad);
-	struct raw r;
-	assert_int_equal(raw_open(&r, 0, 0), 0);
+	struct wire r;
+	assert_int_equal(wire_open(&r, D.sock, 0, 0), 0);
 	assert_serves(&r, "every malformed control message");
-	raw_close(&r);
+	wire_close(&r);
 }
 
 /* ---- 5. the daemon dies under a sleeping client ---- */
@@ -1375,8 +843,8 @@ static int64_t killed_at;
 static void *kill_daemon_soon(void *arg)
 {
 	(void)arg;
-	sleep_ms(300);
-	__atomic_store_n(&killed_at, now_ms(), __ATOMIC_SEQ_CST);
+	kp_sleep_ms(300);
+	__atomic_store_n(&killed_at, kp_now_ms(), __ATOMIC_SEQ_CST);
 	kill(D.pid, SIGKILL);
 	return NULL;
 }
@@ -1385,15 +853,15 @@ static void test_daemon_death_wakes_waiter(void **state)
 {
 	(void)state;
 	need_daemon();
-	struct raw r;
+	struct wire r;
 	struct kvd_cqe c;
 	pthread_t t;
-	assert_int_equal(raw_open(&r, 0, 0), 0);
+	assert_int_equal(wire_open(&r, D.sock, 0, 0), 0);
 	struct kvd_sqe q = gen_sqe(&r, 5, 1000, KVD_SQE_IGNORE_EOS);
-	assert_int_equal(raw_submit(&r, &q), 0);
+	assert_int_equal(wire_submit(&r, &q), 0);
 	assert_int_equal(pthread_create(&t, NULL, kill_daemon_soon, NULL), 0);
-	int rc = raw_wait(&r, &c, 10000);
-	int64_t woke = now_ms();
+	int rc = wire_wait(&r, &c, 10000);
+	int64_t woke = kp_now_ms();
 	assert_int_equal(pthread_join(t, NULL), 0);
 	int st;
 	assert_int_equal(waitpid(D.pid, &st, 0), D.pid);
@@ -1410,7 +878,7 @@ static void test_daemon_death_wakes_waiter(void **state)
 	assert_true(p.revents & POLLHUP);
 	char b;
 	assert_int_equal(recv(r.fd, &b, 1, MSG_DONTWAIT), 0);
-	raw_close(&r);
+	wire_close(&r);
 }
 
 /* ---- 6. a full CQ loses nothing ---- */
@@ -1420,19 +888,19 @@ static void test_cq_overflow_loses_nothing(void **state)
 	(void)state;
 	need_daemon();
 	enum { N = 40 };
-	struct raw r;
+	struct wire r;
 	struct kvd_cqe c;
-	assert_int_equal(raw_open(&r, 0, 4), 0);
+	assert_int_equal(wire_open(&r, D.sock, 0, 4), 0);
 	assert_int_equal(r.cq_entries, 4);
 	struct kvd_sqe q = gen_sqe(&r, 9, N, KVD_SQE_STREAM | KVD_SQE_IGNORE_EOS);
-	assert_int_equal(raw_submit(&r, &q), 0);
+	assert_int_equal(wire_submit(&r, &q), 0);
 	/* Read nothing until the daemon says it holds completions the CQ had no room for. */
 	uint32_t flags = 0;
-	for (int64_t end = now_ms() + WAIT_MS; now_ms() < end; sleep_ms(5))
+	for (int64_t end = kp_now_ms() + WAIT_MS; kp_now_ms() < end; kp_sleep_ms(5))
 		if ((flags = __atomic_load_n(&r.cq->flags, __ATOMIC_ACQUIRE)) & KVD_RING_CQ_OVERFLOW)
 			break;
 	if (!(flags & KVD_RING_CQ_OVERFLOW)) {
-		if (raw_peek(&r, &c))
+		if (wire_peek(&r, &c))
 			fail_with_log("a CQ of 4 never showed KVD_RING_CQ_OVERFLOW in %d ms; its first"
 				      " CQE: user_data %llu res %d", WAIT_MS,
 				      (unsigned long long)c.user_data, c.res);
@@ -1441,33 +909,33 @@ static void test_cq_overflow_loses_nothing(void **state)
 	assert_true(__atomic_load_n(&r.cq->overflow, __ATOMIC_RELAXED) > 0);
 	assert_int_equal(kvring_ready(r.cq, r.cq_head), 4);
 	/* Stay away a while longer: a full CQ is never written over. */
-	sleep_ms(300);
+	kp_sleep_ms(300);
 	assert_int_equal(kvring_ready(r.cq, r.cq_head), 4);
 
 	/* Every token in order: a MORE CQE for each but the last, which the final CQE carries. */
 	uint32_t n_more = 0;
 	for (;;) {
-		assert_int_equal(raw_wait(&r, &c, WAIT_MS), 0);
+		assert_int_equal(wire_wait(&r, &c, WAIT_MS), 0);
 		assert_int_equal(c.user_data, 9);
 		if (!(c.flags & KVD_CQE_MORE))
 			break;
 		if (c.n_out != n_more + 1 || c.res != (int32_t)c.n_out)
 			fail_msg("MORE CQE %u: n_out %u res %d, want %u: a completion was lost or reordered",
 				 n_more, c.n_out, c.res, n_more + 1);
-		assert_int_equal(raw_out(&r)[c.n_out - 1], c.token);
+		assert_int_equal(out_ids(&r)[c.n_out - 1], c.token);
 		n_more++;
 	}
 	assert_int_equal(c.res, N);
 	assert_int_equal(c.n_out, N);
 	assert_int_equal(c.flags & ~KVD_CQE_PREFIX_HIT, KVD_CQE_LENGTH);
-	assert_int_equal(c.token, raw_out(&r)[N - 1]);
+	assert_int_equal(c.token, out_ids(&r)[N - 1]);
 	if (n_more != N - 1)
 		fail_msg("%u MORE CQEs for %d tokens, want %d: one for every token but the last",
 			 n_more, N, N - 1);
-	assert_false(raw_peek(&r, &c));
+	assert_false(wire_peek(&r, &c));
 	assert_false(__atomic_load_n(&r.cq->flags, __ATOMIC_ACQUIRE) & KVD_RING_CQ_OVERFLOW);
 	assert_int_equal(__atomic_load_n(&r.cq->overflow, __ATOMIC_RELAXED), 0);
-	raw_close(&r);
+	wire_close(&r);
 
 	/*
 	 * Completions held while the daemon has nothing else to do: 60 NOPs
@@ -1478,15 +946,15 @@ static void test_cq_overflow_loses_nothing(void **state)
 	 * rounds are for).
 	 */
 	enum { N_NOP = 60 };
-	assert_int_equal(raw_open(&r, 0, 4), 0);
+	assert_int_equal(wire_open(&r, D.sock, 0, 4), 0);
 	for (int round = 0; round < 4; round++) {
 		for (uint64_t i = 1; i <= N_NOP; i++) {
 			struct kvd_sqe nop = { .opcode = KVD_OP_NOP, .user_data = i };
-			assert_int_equal(raw_submit(&r, &nop), 0);
+			assert_int_equal(wire_submit(&r, &nop), 0);
 		}
-		sleep_ms(50);
+		kp_sleep_ms(50);
 		for (uint64_t i = 1; i <= N_NOP; i++) {
-			int rc = raw_wait(&r, &c, 5000);
+			int rc = wire_wait(&r, &c, 5000);
 			if (rc)
 				fail_with_log("NOP %llu of %d (round %d) never completed (%s) while kvd held %u"
 					 " completions for a CQ with room: it went to sleep on them",
@@ -1497,27 +965,27 @@ static void test_cq_overflow_loses_nothing(void **state)
 					 (unsigned long long)c.user_data, c.res);
 		}
 	}
-	raw_close(&r);
+	wire_close(&r);
 
 	/*
 	 * Back-pressure reaches the SQ: a client that keeps submitting NOPs and
 	 * never reads its CQ sees its SQ fill up; the daemon does not buffer
 	 * completions without bound.
 	 */
-	assert_int_equal(raw_open(&r, 0, 4), 0);
+	assert_int_equal(wire_open(&r, D.sock, 0, 4), 0);
 	uint64_t n_sub = 0;
-	for (int64_t end = now_ms() + 1000, full_since = 0; now_ms() < end;) {
+	for (int64_t end = kp_now_ms() + 1000, full_since = 0; kp_now_ms() < end;) {
 		struct kvd_sqe nop = { .opcode = KVD_OP_NOP, .user_data = n_sub + 1 };
-		if (!raw_submit(&r, &nop)) {
+		if (!wire_submit(&r, &nop)) {
 			n_sub++;
 			full_since = 0;
 			continue;
 		}
 		if (!full_since)
-			full_since = now_ms();
-		else if (now_ms() - full_since > 200)
+			full_since = kp_now_ms();
+		else if (kp_now_ms() - full_since > 200)
 			break;	/* the SQ stays full: the daemon stopped taking SQEs */
-		sleep_ms(1);
+		kp_sleep_ms(1);
 	}
 	uint32_t held = __atomic_load_n(&r.cq->overflow, __ATOMIC_RELAXED);
 	if (held > r.cq_entries + r.sq_entries)
@@ -1525,16 +993,16 @@ static void test_cq_overflow_loses_nothing(void **state)
 			 " (%llu NOPs taken in 1 s): a full CQ must back-pressure the SQ", held,
 			 r.cq_entries, (unsigned long long)n_sub);
 	for (uint64_t i = 1; i <= n_sub; i++) {
-		assert_int_equal(raw_wait(&r, &c, WAIT_MS), 0);
+		assert_int_equal(wire_wait(&r, &c, WAIT_MS), 0);
 		assert_int_equal(c.user_data, i);
 	}
-	assert_false(raw_peek(&r, &c));
-	raw_close(&r);
+	assert_false(wire_peek(&r, &c));
+	wire_close(&r);
 }
 
 /* ---- 7. the call eventfd is written only for a client that asked ---- */
 
-static int call_fd_readable(const struct raw *r)
+static int call_fd_readable(const struct wire *r)
 {
 	struct pollfd p = { r->call_fd, POLLIN, 0 };
 	return poll(&p, 1, 0) == 1;
@@ -1544,35 +1012,35 @@ static void test_wakeup_only_when_asked(void **state)
 {
 	(void)state;
 	need_daemon();
-	struct raw r;
+	struct wire r;
 	struct kvd_cqe c;
-	assert_int_equal(raw_open(&r, 0, 0), 0);
+	assert_int_equal(wire_open(&r, D.sock, 0, 0), 0);
 	assert_false(call_fd_readable(&r));
 
 	/* A client that polls its CQ and never sets NEED_WAKEUP: no eventfd write, ever. */
 	struct kvd_sqe q = gen_sqe(&r, 11, 16, KVD_SQE_STREAM | KVD_SQE_IGNORE_EOS);
-	assert_int_equal(raw_submit(&r, &q), 0);
+	assert_int_equal(wire_submit(&r, &q), 0);
 	uint32_t n = 0;
-	for (int64_t end = now_ms() + WAIT_MS;; sleep_ms(1)) {
+	for (int64_t end = kp_now_ms() + WAIT_MS;; kp_sleep_ms(1)) {
 		assert_false(call_fd_readable(&r));
-		if (raw_peek(&r, &c)) {
+		if (wire_peek(&r, &c)) {
 			assert_int_equal(c.user_data, 11);
 			n++;
 			if (!(c.flags & KVD_CQE_MORE))
 				break;
 		}
-		assert_true(now_ms() < end);
+		assert_true(kp_now_ms() < end);
 	}
 	assert_int_equal(c.res, 16);
-	sleep_ms(100);	/* the daemon's wake-up pass follows its posting */
+	kp_sleep_ms(100);	/* the daemon's wake-up pass follows its posting */
 	assert_false(call_fd_readable(&r));
 	assert_false(__atomic_load_n(&r.cq->flags, __ATOMIC_RELAXED) & KVD_RING_NEED_WAKEUP);
 
 	/* One that sets NEED_WAKEUP, looks once more, and sleeps: woken by the call eventfd. */
 	q = gen_sqe(&r, 12, 24, KVD_SQE_IGNORE_EOS);
-	assert_int_equal(raw_submit(&r, &q), 0);
+	assert_int_equal(wire_submit(&r, &q), 0);
 	kvring_set_need_wakeup(r.cq);
-	assert_false(raw_peek(&r, &c));	/* 24 tokens take longer than this look */
+	assert_false(wire_peek(&r, &c));	/* 24 tokens take longer than this look */
 	struct pollfd p = { r.call_fd, POLLIN, 0 };
 	int got = poll(&p, 1, WAIT_MS);
 	kvring_clear_need_wakeup(r.cq);
@@ -1582,10 +1050,10 @@ static void test_wakeup_only_when_asked(void **state)
 	assert_int_equal(read(r.call_fd, &v, sizeof(v)), (ssize_t)sizeof(v));
 	assert_true(v >= 1);
 	/* A wake-up means a completion is there. */
-	assert_true(raw_peek(&r, &c));
+	assert_true(wire_peek(&r, &c));
 	assert_int_equal(c.user_data, 12);
 	assert_int_equal(c.res, 24);
-	raw_close(&r);
+	wire_close(&r);
 }
 
 /* ---- 8. SIGTERM drains: in-flight work ends, then kvd exits 0 ---- */
@@ -1595,25 +1063,25 @@ static void test_sigterm_drains(void **state)
 	(void)state;
 	need_daemon();
 	enum { N = 48 };
-	struct raw r;
+	struct wire r;
 	struct kvd_cqe c;
-	assert_int_equal(raw_open(&r, 0, 0), 0);
+	assert_int_equal(wire_open(&r, D.sock, 0, 0), 0);
 	struct kvd_sqe q = gen_sqe(&r, 21, N, KVD_SQE_STREAM | KVD_SQE_IGNORE_EOS);
-	assert_int_equal(raw_submit(&r, &q), 0);
-	assert_int_equal(raw_wait(&r, &c, WAIT_MS), 0);
+	assert_int_equal(wire_submit(&r, &q), 0);
+	assert_int_equal(wire_wait(&r, &c, WAIT_MS), 0);
 	if (c.user_data != 21 || !(c.flags & KVD_CQE_MORE))
 		fail_msg("first CQE: user_data %llu res %d flags %#x, want a MORE of request 21",
 			 (unsigned long long)c.user_data, c.res, c.flags);
 	pid_t pid = D.pid;
-	int64_t t0 = now_ms();
+	int64_t t0 = kp_now_ms();
 	assert_int_equal(kill(pid, SIGTERM), 0);
 	/* The socket goes once kvd has begun draining; from then on new work is refused. */
-	for (int64_t end = now_ms() + 5000; !access(D.sock, F_OK) && now_ms() < end;)
-		sleep_ms(1);
+	for (int64_t end = kp_now_ms() + 5000; !access(D.sock, F_OK) && kp_now_ms() < end;)
+		kp_sleep_ms(1);
 	assert_int_equal(access(D.sock, F_OK), -1);
 	struct kvd_sqe late = gen_sqe(&r, 22, 4, 0);
 	late.out_off = OUT_OFF + 1024;	/* clear of the running request's output */
-	assert_int_equal(raw_submit(&r, &late), 0);
+	assert_int_equal(wire_submit(&r, &late), 0);
 
 	/*
 	 * The request in flight runs to its end (48 tokens take well under the
@@ -1622,7 +1090,7 @@ static void test_sigterm_drains(void **state)
 	 */
 	uint32_t n_more = 1;
 	int rc, refused = 0;
-	while (!(rc = raw_wait(&r, &c, WAIT_MS))) {
+	while (!(rc = wire_wait(&r, &c, WAIT_MS))) {
 		if (c.user_data == 22) {
 			if (c.res != -ESHUTDOWN)
 				fail_msg("GENERATE submitted while draining: res %d, want -ESHUTDOWN", c.res);
@@ -1633,7 +1101,7 @@ static void test_sigterm_drains(void **state)
 			break;
 		}
 	}
-	int64_t took = now_ms() - t0;
+	int64_t took = kp_now_ms() - t0;
 	if (rc)
 		fail_with_log("the request in flight at SIGTERM got no final CQE: %s", strerror(-rc));
 	assert_int_equal(c.user_data, 21);
@@ -1651,8 +1119,8 @@ static void test_sigterm_drains(void **state)
 
 	int st = 0;
 	pid_t w = 0;
-	for (int64_t end = now_ms() + 5000; (w = waitpid(pid, &st, WNOHANG)) == 0 && now_ms() < end;)
-		sleep_ms(10);
+	for (int64_t end = kp_now_ms() + 5000; (w = waitpid(pid, &st, WNOHANG)) == 0 && kp_now_ms() < end;)
+		kp_sleep_ms(10);
 	if (w == 0)
 		fail_msg("kvd still runs 5 s after SIGTERM with nothing left to drain");
 	D.pid = 0;
@@ -1660,8 +1128,8 @@ static void test_sigterm_drains(void **state)
 		fail_msg("kvd ended with wait status %#x after SIGTERM, want exit 0", st);
 	/* Gone for good: the socket file too, and this connection sees the hang-up. */
 	assert_int_equal(access(D.sock, F_OK), -1);
-	assert_int_equal(raw_wait(&r, &c, WAIT_MS), -ECONNRESET);
-	raw_close(&r);
+	assert_int_equal(wire_wait(&r, &c, WAIT_MS), -ECONNRESET);
+	wire_close(&r);
 }
 
 int main(void)

@@ -15,18 +15,15 @@
 #include "daemon/model/model.h"
 #include "kernels/backend.h"
 #include "tests/devsim.h"
+#include "tests/lib/fixture.h"
+#include "tests/lib/rng.h"
 
 #define MAX_ROWS 64
 #define N_BLOCKS 64
 
-static struct model *M;
+static struct fixture FX;
+static struct model *M;	/* FX.m once loaded */
 static char load_err[256];
-
-static const char *model_path(void)
-{
-	const char *p = getenv("KVD_MODEL");
-	return p && *p ? p : "models/SmolLM2-135M-Instruct.Q4_1.gguf";
-}
 
 struct side {
 	struct backend *be;
@@ -55,17 +52,12 @@ static void side_close(struct side *s)
 static void need_model(void)
 {
 	if (!M)
-		fail_msg("cannot load model '%s': %s -- run `make model` (or set KVD_MODEL)",
-			 model_path(), load_err);
+		fail_msg("%s (or set KVD_MODEL)", load_err);
 }
 
 static void rand_tokens(uint32_t *ids, uint32_t n, uint64_t seed)
 {
-	uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
-	for (uint32_t i = 0; i < n; i++) {
-		s = s * 6364136223846793005ull + 1442695040888963407ull;
-		ids[i] = (uint32_t)((s >> 33) % M->hp.vocab);
-	}
+	rng_tokens(ids, n, M->hp.vocab, seed);
 }
 
 /* The same batch through both sides: logits identical, and argmax on the device agrees. */
@@ -250,15 +242,16 @@ static void test_pool_mismatch(void **state)
 static int setup(void **state)
 {
 	(void)state;
-	if (model_load(&M, model_path(), load_err, sizeof(load_err)))
-		M = NULL;
+	if (fixture_load(&FX, load_err, sizeof(load_err)))
+		fixture_close(&FX);
+	M = FX.m;
 	return 0;
 }
 
 static int teardown(void **state)
 {
 	(void)state;
-	model_free(M);
+	fixture_close(&FX);
 	return 0;
 }
 

@@ -14,7 +14,8 @@
 #include <cmocka.h>
 
 #include <pthread.h>
-#include "tests/kvd_proc.h"
+#include "tests/lib/proc.h"
+#include "tests/lib/rng.h"
 
 #define N_GOOD		4
 #define GOOD_TOKENS	8
@@ -26,14 +27,11 @@ static const uint32_t PROMPT[] = { 504, 3575, 282, 4649, 314 };
 
 static struct kvd_proc D;
 
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static struct rng R = { 0x9e3779b97f4a7c15ull };
 
 static uint32_t rnd(uint32_t n)
 {
-	rng_state ^= rng_state << 13;
-	rng_state ^= rng_state >> 7;
-	rng_state ^= rng_state << 17;
-	return (uint32_t)(rng_state >> 32) % n;
+	return rng_below(&R, n);
 }
 
 /* Prompt at arena offset 0, output after it; one GENERATE of max tokens on slot. */
@@ -165,7 +163,7 @@ static void cycle(void)
 		kvc_close(c);
 		break;
 	case 1: {	/* kill -9 at a random point */
-		pid_t pid = fork();
+		pid_t pid = kp_fork();
 		assert_true(pid >= 0);
 		if (pid == 0)
 			child_dies(rnd(4), rnd(5000));

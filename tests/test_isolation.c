@@ -15,7 +15,7 @@
 #include <grp.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
-#include "tests/kvd_proc.h"
+#include "tests/lib/proc.h"
 
 #define UID_A	65531	/* ids no real account uses here; the group is nogroup */
 #define UID_B	65532
@@ -54,14 +54,8 @@ static int teardown(void **state)
 /* fork, drop to uid/gid (no supplementary groups), run fn; its return value is the exit status. */
 static pid_t spawn_as(uid_t uid, gid_t gid, int (*fn)(void *), void *arg)
 {
-	pid_t pid = fork();
+	pid_t pid = kp_fork();
 	if (pid == 0) {
-		/* cmocka's handlers would carry on with the suite in this child: a crash is a crash. */
-		signal(SIGSEGV, SIG_DFL);
-		signal(SIGBUS, SIG_DFL);
-		signal(SIGILL, SIG_DFL);
-		signal(SIGFPE, SIG_DFL);
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
 		if (setgroups(0, NULL) || setgid(gid) || setuid(uid)) {
 			fprintf(stderr, "cannot become uid %u: %s\n", (unsigned)uid, strerror(errno));
 			_exit(100);

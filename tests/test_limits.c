@@ -12,7 +12,7 @@
 #include <cmocka.h>
 
 #include <sys/resource.h>
-#include "tests/kvd_proc.h"
+#include "tests/lib/proc.h"
 
 static struct kvd_proc D;
 

@@ -11,24 +11,23 @@
 
 #include "kernels/backend.h"
 #include "kernels/cpu/backend_cpu.h"
+#include "tests/lib/rng.h"
 
 #define HD 64
 #define KVH 2
 #define NPOS 150	/* positions cached */
 #define NQ 6		/* query rows, the last positions */
 
-static uint64_t rs;
+static struct rng R;
 
 static float rnd(void)
 {
-	rs = rs * 6364136223846793005ull + 1442695040888963407ull;
-	return (float)((rs >> 40) & 0xffffff) / 8388608.0f - 1.0f;
+	return rng_sym(&R);
 }
 
 static uint32_t rnd_below(uint32_t n)
 {
-	rs = rs * 6364136223846793005ull + 1442695040888963407ull;
-	return (uint32_t)((rs >> 33) % n);
+	return rng_below(&R, n);
 }
 
 static size_t row_bytes(uint32_t type)
@@ -123,7 +122,7 @@ static void test_paged_equals_contiguous(void **state)
 	static const uint32_t types[] = { KB_F16, KB_F32, KB_Q8_0 };
 	static const uint32_t bts[] = { 1, 16, 64 };
 	static const uint32_t groups[] = { 1, 3, 8 };
-	rs = 99;
+	R.s = 99;
 	for (size_t t = 0; t < 3; t++)
 		for (size_t b = 0; b < 3; b++)
 			for (size_t g = 0; g < 3; g++)

@@ -20,23 +20,18 @@
 #include <cmocka.h>
 
 #include "shm/kvclient.h"
+#include "tests/lib/proc.h"
 
 #define MAXN 16
 #define OUT 12
 
-struct daemon {
-	pid_t pid;
-	char dir[64];
-	char sock[96];
-};
-
 /* Daemons still running: a failed test leaves its own, the group teardown ends them. */
-static pid_t live[8];
+static struct kvd_proc *live[8];
 
-static void live_set(pid_t pid, pid_t to)
+static void live_set(struct kvd_proc *d, struct kvd_proc *to)
 {
 	for (int i = 0; i < 8; i++)
-		if (live[i] == pid) {
+		if (live[i] == d) {
 			live[i] = to;
 			return;
 		}
@@ -46,74 +41,37 @@ static int teardown(void **state)
 {
 	(void)state;
 	for (int i = 0; i < 8; i++)
-		if (live[i] > 0) {
-			kill(live[i], SIGKILL);
-			waitpid(live[i], NULL, 0);
-			live[i] = 0;
+		if (live[i]) {
+			kp_cleanup(live[i]);
+			live[i] = NULL;
 		}
 	return 0;
 }
 
-static const char *model_path(void)
+/* Start the daemon with a 64 MiB pool and extra arguments (NULL-terminated) and wait until it answers. */
+static void daemon_start(struct kvd_proc *d, ...)
 {
-	const char *p = getenv("KVD_MODEL");
-	return p && *p ? p : "models/SmolLM2-135M-Instruct.Q4_1.gguf";
-}
-
-static int have_io_uring(void)
-{
-	struct io_uring r;
-	if (io_uring_queue_init(2, &r, 0))
-		return 0;
-	io_uring_queue_exit(&r);
-	return 1;
-}
-
-/* Start the daemon ($KVD_BIN, else build/kvd) with extra arguments (NULL-terminated) and wait until it answers. */
-static void daemon_start(struct daemon *d, ...)
-{
-	const char *kvd = getenv("KVD_BIN");
-	const char *argv[32] = { kvd && *kvd ? kvd : "build/kvd", "--model", model_path(), "--socket", d->sock,
-				 "--kv-mem", "64M", "--bpf", "off" };
-	int n = 9;
+	const char *extra[32] = { "--kv-mem", "64M" };
+	int n = 2;
 	va_list ap;
 	va_start(ap, d);
 	const char *a;
-	while ((a = va_arg(ap, const char *)) && n < 30)
-		argv[n++] = a;
+	while ((a = va_arg(ap, const char *)) && n < 31)
+		extra[n++] = a;
 	va_end(ap);
-	argv[n] = NULL;
-	strcpy(d->dir, "/tmp/kvd-sched-XXXXXX");
-	assert_non_null(mkdtemp(d->dir));
-	snprintf(d->sock, sizeof(d->sock), "%s/kvd.sock", d->dir);
-	d->pid = fork();
-	assert_true(d->pid >= 0);
-	if (d->pid == 0) {
-		execv(argv[0], (char *const *)argv);
-		_exit(127);
+	extra[n] = NULL;
+	int rc = kp_start(d, extra);
+	if (rc) {
+		kp_cleanup(d);
+		fail_msg("kvd did not start: %s", strerror(-rc));
 	}
-	live_set(0, d->pid);
-	for (int i = 0; i < 300; i++) {
-		struct kvc_conn *c;
-		if (!kvc_connect(&c, d->sock)) {
-			kvc_close(c);
-			return;
-		}
-		if (waitpid(d->pid, NULL, WNOHANG) == d->pid)
-			fail_msg("kvd exited during start-up");
-		usleep(20000);
-	}
-	fail_msg("kvd did not answer on %s", d->sock);
+	live_set(NULL, d);
 }
 
-static void daemon_stop(struct daemon *d)
+static void daemon_stop(struct kvd_proc *d)
 {
-	int st;
-	kill(d->pid, SIGTERM);
-	waitpid(d->pid, &st, 0);
-	live_set(d->pid, 0);
-	rmdir(d->dir);
-	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	live_set(d, NULL);
+	assert_int_equal(kp_stop(d), 0);
 }
 
 static uint64_t steps(struct kvc_conn *c)
@@ -171,9 +129,9 @@ static void run_batch(struct kvc_conn *c, uint32_t session, uint32_t n, uint32_t
 static void test_batched_equals_alone(void **state)
 {
 	(void)state;
-	if (!have_io_uring())
+	if (kp_no_uring())
 		skip();
-	struct daemon d;
+	struct kvd_proc d;
 	struct kvc_conn *c;
 	uint32_t s1, s2;
 	static uint32_t alone[MAXN][OUT], together[MAXN][OUT];
@@ -201,9 +159,9 @@ static void test_batched_equals_alone(void **state)
 static void test_prefill_does_not_stall_decodes(void **state)
 {
 	(void)state;
-	if (!have_io_uring())
+	if (kp_no_uring())
 		skip();
-	struct daemon d;
+	struct kvd_proc d;
 	struct kvc_conn *c, *big, *st;
 	uint32_t s, sb;
 	daemon_start(&d, "--max-batch-tokens", "128", NULL);
@@ -266,9 +224,9 @@ static void test_prefill_does_not_stall_decodes(void **state)
 static void test_preemption_keeps_tokens(void **state)
 {
 	(void)state;
-	if (!have_io_uring())
+	if (kp_no_uring())
 		skip();
-	struct daemon d, small;
+	struct kvd_proc d, small;
 	struct kvc_conn *c;
 	uint32_t s;
 	static uint32_t ample[4][OUT], tight[4][OUT];
@@ -297,9 +255,9 @@ static void test_preemption_keeps_tokens(void **state)
 static void test_priorities(void **state)
 {
 	(void)state;
-	if (!have_io_uring())
+	if (kp_no_uring())
 		skip();
-	struct daemon d;
+	struct kvd_proc d;
 	struct kvc_conn *c;
 	uint32_t s;
 	static uint32_t out[4][OUT];
@@ -325,9 +283,9 @@ static void test_priorities(void **state)
 static void test_kv_quota(void **state)
 {
 	(void)state;
-	if (!have_io_uring())
+	if (kp_no_uring())
 		skip();
-	struct daemon d, q;
+	struct kvd_proc d, q;
 	struct kvc_conn *c;
 	uint32_t s;
 	static uint32_t ample[4][OUT], quota[4][OUT];

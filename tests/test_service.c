@@ -22,7 +22,7 @@
 #include <unistd.h>
 
 #include "shm/kvclient.h"
-#include "tests/kvd_proc.h"
+#include "tests/lib/proc.h"
 
 /*
  * One daemon for the whole file, started the way systemd starts it:
@@ -32,12 +32,6 @@
  * run in order and share it: ready, generate, watchdog, reload, stop.
  */
 
-/* $KVD_BIN (the sanitizer pass points it at its own build), else build/kvd. */
-static const char *kvd_bin(void)
-{
-	const char *p = getenv("KVD_BIN");
-	return p && *p ? p : "build/kvd";
-}
 #define WATCHDOG_USEC	1000000		/* 1 s: pings every 500 ms */
 
 static struct {
@@ -52,18 +46,6 @@ static struct {
 	int ready;
 } S;
 
-static int64_t now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static const char *model_path(void)
-{
-	const char *p = getenv("KVD_MODEL");
-	return p && *p ? p : "models/SmolLM2-135M-Instruct.Q4_1.gguf";
-}
 
 static int in_path(const char *prog)
 {
@@ -130,7 +112,7 @@ static int next_note(struct note *n, int timeout_ms)
 	if (got < 0)
 		return -errno;
 	n->text[got] = 0;
-	n->at_ms = now_ms();
+	n->at_ms = kp_now_ms();
 	n->pid = 0;
 	for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm))
 		if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_CREDENTIALS) {
@@ -161,10 +143,10 @@ static const char *note_line(const struct note *n, const char *prefix)
  */
 static int wait_note(const char *prefix, int timeout_ms, struct note *out, char *statuses, size_t len)
 {
-	int64_t end = now_ms() + timeout_ms;
+	int64_t end = kp_now_ms() + timeout_ms;
 	struct note n;
 	for (;;) {
-		int left = (int)(end - now_ms());
+		int left = (int)(end - kp_now_ms());
 		if (left < 0 || next_note(&n, left))
 			return -ETIMEDOUT;
 		const char *st = note_line(&n, "STATUS=");
@@ -205,30 +187,18 @@ static int start(void)
 	snprintf(e_notify, sizeof(e_notify), "NOTIFY_SOCKET=%s", S.notify);
 	snprintf(e_wd, sizeof(e_wd), "WATCHDOG_USEC=%d", WATCHDOG_USEC);
 	snprintf(e_conf, sizeof(e_conf), "KVD_CONFIG=%s", S.conf);
-	int logfd = open(S.log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-	if (logfd < 0)
-		return -errno;
-	pid_t pid = fork();
+	const char *argv[] = { "systemd-socket-activate", "--seqpacket", "-l", S.sock,
+			       "-E", e_notify, "-E", e_wd, "-E", e_conf,
+			       kp_bin(), "--model", kp_model(), "--log-level", "info",
+			       "--drain-timeout", "3000", "--bpf", "off", NULL };
+	pid_t pid = kp_spawn(argv, S.log, 1, NULL, NULL);
 	if (pid < 0)
-		return -errno;
-	if (pid == 0) {
-		char *argv[] = { "systemd-socket-activate", "--seqpacket", "-l", S.sock,
-				 "-E", e_notify, "-E", e_wd, "-E", e_conf,
-				 (char *)kvd_bin(), "--model", (char *)model_path(), "--log-level", "info",
-				 "--drain-timeout", "3000", "--bpf", "off", NULL };
-		int null = open("/dev/null", O_RDONLY);
-		if (null < 0 || dup2(null, 0) < 0 || dup2(logfd, 1) < 0 || dup2(logfd, 2) < 0)
-			_exit(126);
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		execvp(argv[0], argv);
-		_exit(127);
-	}
-	close(logfd);
+		return pid;
 	S.pid = pid;
 	/* systemd-socket-activate binds first; wait for the path. */
 	struct stat st;
-	for (int64_t end = now_ms() + 10000; stat(S.sock, &st); usleep(10000))
-		if (now_ms() > end || waitpid(pid, NULL, WNOHANG) == pid) {
+	for (int64_t end = kp_now_ms() + 10000; stat(S.sock, &st); usleep(10000))
+		if (kp_now_ms() > end || waitpid(pid, NULL, WNOHANG) == pid) {
 			log_tail();
 			return -ETIMEDOUT;
 		}
@@ -242,10 +212,10 @@ static int group_setup(void **state)
 	S.nfd = -1;
 	if (!in_path("systemd-socket-activate"))
 		snprintf(S.why, sizeof(S.why), "systemd-socket-activate is not installed (package systemd)");
-	else if (access(kvd_bin(), X_OK))
-		snprintf(S.why, sizeof(S.why), "%s is missing: run `make` first", kvd_bin());
-	else if (access(model_path(), R_OK))
-		snprintf(S.why, sizeof(S.why), "no model at %s: run `make model`", model_path());
+	else if (access(kp_bin(), X_OK))
+		snprintf(S.why, sizeof(S.why), "%s is missing: run `make` first", kp_bin());
+	else if (access(kp_model(), R_OK))
+		snprintf(S.why, sizeof(S.why), "no model at %s: run `make model`", kp_model());
 	else if (io_uring_queue_init(2, &r, 0))
 		snprintf(S.why, sizeof(S.why), "io_uring is not available here");
 	else
@@ -312,7 +282,7 @@ static void test_ready_after_model_load(void **state)
 	assert_non_null(load);
 	assert_non_null(pool);
 	assert_true(load < pool);
-	assert_non_null(strstr(load, model_path()));
+	assert_non_null(strstr(load, kp_model()));
 	assert_int_equal(n.pid, S.pid);
 	/* The model was loaded and the pool reserved before READY=1 was sent. */
 	assert_true(log_has("KV cache f16"));
@@ -378,8 +348,8 @@ static void test_watchdog_interval(void **state)
 	/* Pings queued while earlier tests ran arrive at once: drain them first. */
 	while (!next_note(&m, 0))
 		;
-	int64_t end = now_ms() + 3200;
-	while (n < 16 && now_ms() < end && !wait_note("WATCHDOG=1", (int)(end - now_ms()), &m, NULL, 0))
+	int64_t end = kp_now_ms() + 3200;
+	while (n < 16 && kp_now_ms() < end && !wait_note("WATCHDOG=1", (int)(end - kp_now_ms()), &m, NULL, 0))
 		t[n++] = m.at_ms;
 	print_message("%d watchdog pings in 3.2 s, gaps (ms):", n);
 	int64_t max_gap = 0, min_gap = INT64_MAX;
@@ -437,7 +407,7 @@ static void test_sigterm_stopping(void **state)
 	assert_non_null(note_line(&n, "STATUS=draining"));
 	int st = 0;
 	pid_t w = 0;
-	for (int64_t end = now_ms() + 15000; (w = waitpid(S.pid, &st, WNOHANG)) == 0 && now_ms() < end;)
+	for (int64_t end = kp_now_ms() + 15000; (w = waitpid(S.pid, &st, WNOHANG)) == 0 && kp_now_ms() < end;)
 		usleep(10000);
 	if (w != S.pid || !WIFEXITED(st) || WEXITSTATUS(st)) {
 		log_tail();

@@ -12,6 +12,7 @@
 
 #include "daemon/model/gguf.h"
 #include "daemon/tokenizer/tokenizer.h"
+#include "tests/lib/fixture.h"
 
 #define CORPUS "tests/golden/tokens.txt"
 #define MAX_IDS 4096
@@ -115,13 +116,11 @@ static void load_corpus(struct env *e)
 static int group_setup(void **state)
 {
 	static struct env e;
-	const char *path = getenv("KVD_MODEL");
+	const char *path = fixture_model_path();
 	char err[256];
 	double t0;
 	int ret;
 
-	if (!path)
-		path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 	ret = gguf_open(&e.f, path, err, sizeof(err));
 	if (ret) {
 		fprintf(stderr, "cannot open model %s: %s (%s) -- run `make model`\n", path,

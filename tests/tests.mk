@@ -1,11 +1,20 @@
-# tests/ — one cmocka program per tests/test_*.c, linked with the core
+# tests/ — one cmocka program per tests/test_*.c, linked with tests/lib/
+# (daemon starter, raw client, fixture, reference generator), the core
 # library and libkvclient; `make test` runs them all.
 TEST_SRCS := $(wildcard tests/test_*.c)
 TEST_BINS := $(TEST_SRCS:tests/%.c=$(B)/tests/%)
 BENCH_SRCS := $(wildcard tests/bench_*.c)
 BENCH_BINS := $(BENCH_SRCS:tests/%.c=$(B)/tests/%)
+# An archive: each program takes only the parts it calls.
+TESTLIB_SRCS := $(wildcard tests/lib/*.c)
+TESTLIB := $(B)/tests/libtestlib.a
 
-$(B)/tests/%: $(B)/tests/%.o $(CORE_LIB) $(B)/libkvclient.a
+$(TESTLIB): $(TESTLIB_SRCS:%.c=$(B)/%.o)
+	@mkdir -p $(dir $@)
+	rm -f $@
+	$(AR) rcs $@ $^
+
+$(B)/tests/%: $(B)/tests/%.o $(TESTLIB) $(CORE_LIB) $(B)/libkvclient.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) -lcmocka
 
 # `make test` runs the suites and the fuzz corpora (test-suites), then, unless

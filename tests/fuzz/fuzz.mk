@@ -14,12 +14,17 @@ FUZZ_CC     ?= clang
 FUZZ_CFLAGS := -std=gnu11 -g -O1 -fno-omit-frame-pointer -pthread -D_GNU_SOURCE -fPIC \
 	-ffp-contract=off -fsanitize=address,undefined -fno-sanitize-recover=undefined \
 	-Wno-gnu-variable-sized-type-not-at-end
-FUZZ_LDLIBS := -lm -pthread -lxxhash -luring
+# The core's systemd and BPF loader calls (service.c, obs.c) link as in kvd.
+FUZZ_LDLIBS := -lm -pthread -lxxhash -luring -lsystemd $(BPF_LIBS)
 # The compute kernels (GCC target pragmas clang does not take, and no parser
 # in them) are linked from the ordinary build, uninstrumented.
-FUZZ_CORE   := $(patsubst %.c,$(B)/lf/%.o,$(DAEMON_SRCS) $(KVC_SRCS)) $(KERNELS_SRCS:%.c=$(B)/%.o)
+# The harness's model and pool come from tests/lib/fixture.c.
+FUZZ_CORE   := $(patsubst %.c,$(B)/lf/%.o,$(DAEMON_SRCS) $(KVC_SRCS) tests/lib/fixture.c) \
+	$(KERNELS_SRCS:%.c=$(B)/%.o) $(BPF_LIB)
 
-$(B)/fuzz/replay_%: $(B)/tests/fuzz/fuzz_%.o $(B)/tests/fuzz/replay.o $(CORE_LIB) $(B)/libkvclient.a
+# tests/lib's archive (its rule is in tests/tests.mk, read after this file).
+$(B)/fuzz/replay_%: $(B)/tests/fuzz/fuzz_%.o $(B)/tests/fuzz/replay.o $(B)/tests/libtestlib.a $(CORE_LIB) \
+		$(B)/libkvclient.a
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 

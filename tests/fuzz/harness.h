@@ -21,12 +21,10 @@
 #include "daemon/serve/server.h"
 #include "daemon/tokenizer/tokenizer.h"
 #include "kernels/backend.h"
+#include "tests/lib/fixture.h"
 
 static struct {
-	struct model *m;
-	struct tokenizer *tok;
-	struct backend *be;
-	struct kvpool *pool;
+	struct fixture fx;		/* model, tokenizer; backend and pool for the server */
 	struct server *srv;
 	char dir[64];
 	char sock[96];
@@ -50,18 +48,13 @@ static inline void fz_cleanup(void)
 /* The model (KVD_MODEL, else the default one) and its tokenizer, once. */
 static inline struct tokenizer *fz_tokenizer(void)
 {
-	if (FZ.tok)
-		return FZ.tok;
-	const char *path = getenv("KVD_MODEL");
-	if (!path || !*path)
-		path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
-	char err[256];
+	if (FZ.fx.tok)
+		return FZ.fx.tok;
+	char err[512];
 	log_set_level(LOG_ERR);
-	if (model_load(&FZ.m, path, err, sizeof(err)))
-		fz_die(path, err);
-	if (tokenizer_create(&FZ.tok, FZ.m->gguf, err, sizeof(err)))
-		fz_die("tokenizer", err);
-	return FZ.tok;
+	if (fixture_load(&FZ.fx, err, sizeof(err)))
+		fz_die("fixture", err);
+	return FZ.fx.tok;
 }
 
 /* The daemon's defaults, a one-thread backend and a small pool. */
@@ -71,12 +64,8 @@ static inline struct server *fz_server(void)
 		return FZ.srv;
 	fz_tokenizer();
 	int rc;
-	if ((rc = backend_cpu_create(&FZ.be, 1)))
-		fz_die("cpu backend", strerror(-rc));
-	struct kvpool_config pc = { .n_blocks = 64, .block_tokens = 16, .n_layers = FZ.m->hp.n_layers,
-				    .kv_dim = FZ.m->hp.kv_dim, .kv_type = KB_F16 };
-	if ((rc = kvpool_create(&FZ.pool, &pc)))
-		fz_die("kv pool", strerror(-rc));
+	if ((rc = fixture_pool(&FZ.fx, 1, 64)))
+		fz_die("cpu backend and kv pool", strerror(-rc));
 	snprintf(FZ.dir, sizeof(FZ.dir), "/tmp/kvd-fuzz.XXXXXX");
 	if (!mkdtemp(FZ.dir))
 		fz_die("mkdtemp", strerror(errno));
@@ -88,7 +77,7 @@ static inline struct server *fz_server(void)
 		.cq_entries = 256, .arena_bytes = 1 << 20, .max_arena_bytes = 64 << 20,
 		.max_batch_rows = 8, .drain_timeout_ms = 1000,
 	};
-	if ((rc = server_create(&FZ.srv, &cfg, FZ.m, FZ.tok, FZ.be, FZ.pool)))
+	if ((rc = server_create(&FZ.srv, &cfg, FZ.fx.m, FZ.fx.tok, FZ.fx.be, FZ.fx.pool)))
 		fz_die("server_create", strerror(-rc));
 	/* server_create blocks SIGINT/SIGTERM for its signalfd; the fuzzer wants them. */
 	sigset_t set;
@@ -96,7 +85,7 @@ static inline struct server *fz_server(void)
 	sigaddset(&set, SIGTERM);
 	sigaddset(&set, SIGINT);
 	pthread_sigmask(SIG_UNBLOCK, &set, NULL);
-	kvpool_get_stats(FZ.pool, &FZ.srv->pool_stats);	/* the engine thread does this first */
+	kvpool_get_stats(FZ.fx.pool, &FZ.srv->pool_stats);	/* the engine thread does this first */
 	atexit(fz_cleanup);
 	return FZ.srv;
 }

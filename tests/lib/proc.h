@@ -1,14 +1,17 @@
-/* kvd_proc.h — a real kvd as a child process for the tests and benchmarks that need one. */
+/* proc.h — the one daemon starter: a real kvd (or any program) as a child process of a test. */
 /*
- * Used by test_fault, test_limits, test_isolation, test_bpf and bench_bpf:
- * start it on a private socket with extra options, watch its fds and RSS
- * through /proc, generate through it, signal it, stop it. Its daemons run
- * with --bpf off (no pins in /sys/fs/bpf/kvd) unless the caller gives a
- * --bpf of its own; $KVD_BIN and $KVD_MODEL choose the daemon and model.
- * kp_bpffs_open() gives test_bpf and bench_bpf a bpf file system to pin under.
+ * Every test and benchmark that needs a daemon starts it here: on a
+ * private socket with extra options, its output in a log whose tail a
+ * failure prints; then it can watch its fds and RSS through /proc,
+ * generate through it, signal it, stop it. Its daemons run with --bpf off
+ * (no pins in /sys/fs/bpf/kvd) unless the caller gives a --bpf of its own;
+ * $KVD_BIN and $KVD_MODEL choose the daemon and model. kp_spawn() starts
+ * something else the same way (test_service's systemd-socket-activate),
+ * kp_fork() a client child bound to the test. kp_bpffs_open() gives
+ * test_bpf and bench_bpf a bpf file system to pin under.
  */
-#ifndef KVD_TESTS_PROC_H
-#define KVD_TESTS_PROC_H
+#ifndef KVD_TESTS_LIB_PROC_H
+#define KVD_TESTS_LIB_PROC_H
 
 #include <stdarg.h>
 #include <stddef.h>
@@ -33,6 +36,7 @@
 #include <linux/magic.h>
 #include <liburing.h>
 #include "shm/kvclient.h"
+#include "tests/lib/fixture.h"
 
 struct kvd_proc {
 	pid_t pid;		/* 0: not running */
@@ -43,8 +47,7 @@ struct kvd_proc {
 
 static inline const char *kp_model(void)
 {
-	const char *p = getenv("KVD_MODEL");
-	return p && *p ? p : "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+	return fixture_model_path();
 }
 
 /* $KVD_BIN (the sanitizer pass points it at its own build), else build/kvd. */
@@ -109,6 +112,75 @@ static inline int kp_has_bpf(const char *const *extra)
 }
 
 /*
+ * In a child just forked: die with the test, whatever assertion ends it
+ * early, and crash as a crash (cmocka's handlers would carry on with the
+ * suite in this child). Returns only while the parent is alive.
+ */
+static inline void kp_child_bound(pid_t parent)
+{
+	signal(SIGSEGV, SIG_DFL);
+	signal(SIGBUS, SIG_DFL);
+	signal(SIGILL, SIG_DFL);
+	signal(SIGFPE, SIG_DFL);
+	signal(SIGABRT, SIG_DFL);
+	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	if (getppid() != parent)
+		_exit(1);
+}
+
+/* fork() for a client child: 0 in the child (bound as kp_child_bound() says), its pid, or -errno. */
+static inline pid_t kp_fork(void)
+{
+	pid_t parent = getpid(), pid = fork();
+	if (pid < 0)
+		return -errno;
+	if (pid == 0)
+		kp_child_bound(parent);
+	return pid;
+}
+
+/*
+ * fork+exec argv (NULL-terminated; searched on $PATH when path is set)
+ * with stdin from /dev/null and stdout and stderr into log (created or
+ * truncated). Before exec, pre_exec(arg) runs in the child when given.
+ * The child's pid, or -errno.
+ */
+static inline pid_t kp_spawn(const char *const *argv, const char *log, int path,
+			     void (*pre_exec)(void *), void *arg)
+{
+	int logfd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (logfd < 0)
+		return -errno;
+	pid_t parent = getpid();
+	pid_t pid = fork();
+	if (pid < 0) {
+		int rc = -errno;
+		close(logfd);
+		return rc;
+	}
+	if (pid == 0) {
+		/* A test that crashes takes its daemon with it. */
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (getppid() != parent)
+			_exit(1);
+		int null = open("/dev/null", O_RDONLY);
+		if (null < 0 || dup2(null, 0) < 0 || dup2(logfd, 1) < 0 || dup2(logfd, 2) < 0)
+			_exit(126);
+		if (null > 2)
+			close(null);
+		if (pre_exec)
+			pre_exec(arg);
+		if (path)
+			execvp(argv[0], (char *const *)argv);
+		else
+			execv(argv[0], (char *const *)argv);
+		_exit(127);
+	}
+	close(logfd);
+	return pid;
+}
+
+/*
  * fork+exec the daemon with the model, a private socket and extra (a
  * NULL-terminated list of at most 38, may be NULL); --bpf off unless extra
  * has a --bpf. Before exec, pre_exec(arg) runs in the child when given.
@@ -146,30 +218,9 @@ static inline int kp_start_ex(struct kvd_proc *d, const char *const *extra,
 		argv[n++] = extra[i];
 	}
 	argv[n] = NULL;
-	int logfd = open(d->log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-	if (logfd < 0)
-		return -errno;
-	pid_t parent = getpid();
-	pid_t pid = fork();
-	if (pid < 0) {
-		close(logfd);
-		return -errno;
-	}
-	if (pid == 0) {
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		if (getppid() != parent)
-			_exit(1);
-		int null = open("/dev/null", O_RDONLY);
-		if (null < 0 || dup2(null, 0) < 0 || dup2(logfd, 1) < 0 || dup2(logfd, 2) < 0)
-			_exit(126);
-		if (null > 2)
-			close(null);
-		if (pre_exec)
-			pre_exec(arg);
-		execv(argv[0], (char *const *)argv);
-		_exit(127);
-	}
-	close(logfd);
+	pid_t pid = kp_spawn(argv, d->log, 0, pre_exec, arg);
+	if (pid < 0)
+		return pid;
 	d->pid = pid;
 	for (int64_t end = kp_now_ms() + 60000; kp_now_ms() < end; kp_sleep_ms(20)) {
 		struct kvc_conn *c;
@@ -303,10 +354,15 @@ static inline int kp_stop(struct kvd_proc *d)
 		return 0;
 	int st = kp_kill(d, SIGTERM);
 	int ok = st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0;
-	if (!ok) {
-		print_message("kvd did not exit cleanly (wait status %#x)\n", st);
+	if (st < 0)
+		print_message("kvd ignored SIGTERM for 15 s\n");
+	else if (WIFSIGNALED(st))
+		print_message("kvd died of signal %d on SIGTERM instead of draining and exiting 0\n",
+			      WTERMSIG(st));
+	else if (!ok)
+		print_message("kvd exited with status %d on SIGTERM\n", WEXITSTATUS(st));
+	if (!ok)
 		kp_log_tail(d);
-	}
 	kp_cleanup(d);
 	return ok ? 0 : -1;
 }
