@@ -1,9 +1,7 @@
 /* ref.h — the tests' reference generator: one sequence to completion in process, as the daemon would run it. */
 /*
- * What a daemon's tokens are compared with. Only this file knows how it is
- * done (prefill, then sample and forward one token at a time, the sampler
- * seeing the sequence's cached tokens as history), so that it can later
- * become a call of the engine's own one-sequence generator.
+ * What a daemon's tokens are compared with: the engine's own one-sequence
+ * generator (engine/generate.c, the loop of `kvd --prompt`), in process.
  */
 #ifndef KVD_TESTS_LIB_REF_H
 #define KVD_TESTS_LIB_REF_H
