@@ -103,20 +103,6 @@ static int make_backend(const struct kvd_options *o, struct backend **out)
 	return 0;
 }
 
-/*
- * The daemon takes SIGTERM/SIGINT/SIGHUP through a signalfd: block them
- * before any thread exists, so none of them gets one.
- */
-static void block_signals(void)
-{
-	sigset_t set;
-	sigemptyset(&set);
-	sigaddset(&set, SIGTERM);
-	sigaddset(&set, SIGINT);
-	sigaddset(&set, SIGHUP);
-	pthread_sigmask(SIG_BLOCK, &set, NULL);
-}
-
 /* Exit status: 0, 1 for a runtime error, 2 for a usage or configuration error. */
 int main(int argc, char **argv)
 {
@@ -145,7 +131,7 @@ int main(int argc, char **argv)
 	log_set_level(o.log_level);
 	int daemon = !o.prompt && !o.info;
 	if (daemon) {
-		block_signals();
+		server_block_signals(NULL);	/* before any thread exists, so none gets one */
 		service_notify("STATUS=loading model %s", o.model);
 	}
 	if ((rc = model_load(&m, o.model, err, sizeof(err)))) {

@@ -162,14 +162,7 @@ static struct request *req_add(struct conn *c, uint32_t slot, uint8_t opcode, ui
 		assert_int_equal(sampler_create(&r->smp, &sp, srv->m->hp.vocab), 0);
 	}
 	r->id = ++srv->next_req_id;
-	struct slot *sl = r->sl;
-	if (sl->tail)
-		sl->tail->next = r;
-	else
-		sl->head = r;
-	sl->tail = r;
-	c->inflight++;
-	c->use->inflight++;
+	release_enqueue(r);
 	return r;
 }
 

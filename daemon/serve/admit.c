@@ -254,14 +254,7 @@ static int admit(struct server *srv, struct conn *c, struct taken *t)
 		release_req_free(r);
 		return rc;
 	}
-	struct slot *sl = r->sl;
-	if (sl->tail)
-		sl->tail->next = r;
-	else
-		sl->head = r;
-	sl->tail = r;
-	c->inflight++;
-	c->use->inflight++;
+	release_enqueue(r);
 	KVD_PROBE(submit, r->id, q->session_id, c->uid, q->opcode, r->n_prompt, r->max_out);
 	return 0;
 }

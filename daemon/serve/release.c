@@ -42,6 +42,18 @@ void release_post(struct conn *c, uint64_t user_data, int32_t res, uint32_t flag
 	region_post(&c->rg, &cqe);
 }
 
+void release_enqueue(struct request *r)
+{
+	struct slot *sl = r->sl;
+	if (sl->tail)
+		sl->tail->next = r;
+	else
+		sl->head = r;
+	sl->tail = r;
+	r->c->inflight++;
+	r->c->use->inflight++;
+}
+
 void release_slot_reset(struct server *srv, struct slot *sl)
 {
 	if (sl->live)

@@ -387,6 +387,18 @@ static void on_signal(struct loop *l, struct loop_op *op, int res, int more)
 
 /* ---- setup ---- */
 
+void server_block_signals(sigset_t *out)
+{
+	sigset_t set;
+	sigemptyset(&set);
+	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGINT);
+	sigaddset(&set, SIGHUP);
+	pthread_sigmask(SIG_BLOCK, &set, NULL);
+	if (out)
+		*out = set;
+}
+
 int server_create(struct server **out, const struct server_config *cfg, struct model *m,
 		  struct tokenizer *tok, struct backend *be, struct kvpool *pool)
 {
@@ -418,11 +430,7 @@ int server_create(struct server **out, const struct server_config *cfg, struct m
 		goto err;
 	}
 	sigset_t set;
-	sigemptyset(&set);
-	sigaddset(&set, SIGTERM);
-	sigaddset(&set, SIGINT);
-	sigaddset(&set, SIGHUP);
-	pthread_sigmask(SIG_BLOCK, &set, NULL);
+	server_block_signals(&set);
 	srv->signal_fd = signalfd(-1, &set, SFD_CLOEXEC);
 	srv->reap_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	if (srv->signal_fd < 0 || srv->reap_fd < 0) {

@@ -7,6 +7,7 @@
 #define KVD_SERVER_H
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <sys/socket.h>
 #include <sys/types.h>
@@ -144,6 +145,12 @@ int server_create(struct server **out, const struct server_config *cfg, struct m
 		  struct tokenizer *tok, struct backend *be, struct kvpool *pool);
 int server_run(struct server *srv);	/* until SIGTERM/SIGINT; 0 on a clean drain */
 void server_destroy(struct server *srv);
+/*
+ * Block SIGTERM, SIGINT and SIGHUP in the calling thread (and the threads
+ * it starts after): the daemon takes them through a signalfd. *out (may be
+ * NULL) gets that set.
+ */
+void server_block_signals(sigset_t *out);
 /* The usage record of uid, or NULL when it has none; lock held. */
 struct uid_usage *server_uid(struct server *srv, uid_t uid);
 /* Free everything of a connection the engine thread has released (loop thread). */
@@ -162,6 +169,8 @@ void ctrl_handle_msg(struct server *srv, struct conn *c, const void *msg, size_t
 void ctrl_reply_error(struct conn *c, const struct kvd_msg_hdr *req, int type, int status);
 
 /* release.c: requests, slots, sessions and connections given back; lock held. */
+/* Queue r (admitted) at the tail of its slot and count it in flight for its connection and uid. */
+void release_enqueue(struct request *r);
 /* Post a completion to c. */
 void release_post(struct conn *c, uint64_t user_data, int32_t res, uint32_t flags, uint32_t token,
 		  uint32_t n_out, uint32_t slot);
