@@ -223,16 +223,6 @@ static void test_call_doorbell_blocked(void **state)
 	assert_stops("a client blocked its call doorbell");
 }
 
-/*
- * Attack 2, the kick doorbell: the client clears O_NONBLOCK on its kick fd
- * (today an eventfd shared with the daemon), then over and over kicks and
- * at once drains the kick itself, so that when the daemon's poll handler
- * reads, the counter is 0 again; today that read blocks the loop thread
- * forever (no accept, no control message, no signal handled). The attacker
- * never blocks itself: it reads or writes only what poll (timeout 0) says
- * is ready, and a timer interrupts a read that the daemon won the race for. Must hold: another client still completes a GENERATE, and
- * SIGTERM stops the daemon.
- */
 #define KICK_TRIES 200000
 #define KICK_ROUND 5000
 
@@ -252,6 +242,17 @@ static void on_alarm(int sig)
 	(void)sig;
 }
 
+/*
+ * Attack 2, the kick doorbell: the client clears O_NONBLOCK on its kick fd
+ * (today an eventfd shared with the daemon), then over and over kicks and
+ * at once drains the kick itself, so that when the daemon's poll handler
+ * reads, the counter is 0 again; today that read blocks the loop thread
+ * forever (no accept, no control message, no signal handled). The attacker
+ * never blocks itself: it reads or writes only what poll (timeout 0) says
+ * is ready, and a timer interrupts a read that the daemon won the race
+ * for. Must hold: another client still completes a GENERATE, and SIGTERM
+ * stops the daemon.
+ */
 static void test_kick_doorbell_drained(void **state)
 {
 	(void)state;
