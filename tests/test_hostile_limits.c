@@ -22,6 +22,7 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <linux/sockios.h>
+#include "daemon/model/gguf.h"
 #include "tests/lib/proc.h"
 #include "tests/lib/wire.h"
 
@@ -869,6 +870,121 @@ static void test_model_truncated(void **state)
 	assert_int_equal(kp_stop(&D), 0);
 }
 
+/* ---- item 6: a tokenizer larger than the embedding ---- */
+
+/* Whether the file at path holds needle (a log is small). */
+static int file_has(const char *path, const char *needle)
+{
+	FILE *f = fopen(path, "r");
+	char line[1024];
+	int yes = 0;
+	while (f && !yes && fgets(line, sizeof(line), f))
+		yes = strstr(line, needle) != NULL;
+	if (f)
+		fclose(f);
+	return yes;
+}
+
+/*
+ * In the GGUF at path (a copy), give tensor name `rows` rows: its ne[1] in
+ * the tensor info, which follows the name (u64 length, bytes) and n_dims
+ * (u32). The tensor's data offset stays, so the file stays well-formed.
+ */
+static int set_rows(const char *path, const char *name, uint64_t rows)
+{
+	char err[256];
+	struct gguf_file *f;
+	int rc = gguf_open(&f, path, err, sizeof(err));
+	if (rc) {
+		print_message("gguf_open %s: %s\n", path, err);
+		return rc;
+	}
+	const struct gguf_tensor *t = gguf_find_tensor(f, name);
+	if (!t) {
+		gguf_close(f);
+		return 0;	/* e.g. no output.weight: tied to the embedding */
+	}
+	off_t off = (off_t)((const uint8_t *)t->name.ptr - f->base + t->name.len);
+	uint32_t n_dims;
+	uint64_t ne1;
+	memcpy(&n_dims, f->base + off, 4);
+	memcpy(&ne1, f->base + off + 12, 8);
+	int ok = n_dims == t->n_dims && ne1 == t->ne[1];
+	gguf_close(f);
+	if (!ok)
+		return -EPROTO;
+	int fd = open(path, O_WRONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	rc = pwrite(fd, &rows, 8, off + 12) == 8 ? 0 : -EIO;
+	close(fd);
+	return rc;
+}
+
+/*
+ * Item 6: a GGUF whose tokenizer has more tokens (49152) than the embedding
+ * has rows (here 1000: token_embd.weight's shape edited in a copy). Every
+ * id the tokenizer makes would index past the embedding. Contract: the
+ * daemon and `kvd --prompt` create their tokenizer with
+ * tokenizer_for_model(), which refuses such a model: the daemon does not
+ * start and --prompt fails, each with a message naming the embedding
+ * (never a signal). Today the daemon serves it and --prompt runs.
+ */
+static void test_model_vocab_mismatch(void **state)
+{
+	(void)state;
+	need_uring();
+	snprintf(model_dir, sizeof(model_dir), "/tmp/kvd-model.XXXXXX");
+	if (!mkdtemp(model_dir)) {
+		model_dir[0] = 0;
+		fail_msg("mkdtemp: %s", strerror(errno));
+	}
+	chmod(model_dir, 0755);
+	snprintf(model_copy, sizeof(model_copy), "%s/model.gguf", model_dir);
+	int rc = copy_file(kp_model(), model_copy, 0644);
+	if (rc)
+		fail_msg("copying %s: %s", kp_model(), strerror(-rc));
+	assert_int_equal(set_rows(model_copy, "token_embd.weight", 1000), 0);
+	assert_int_equal(set_rows(model_copy, "output.weight", 1000), 0);
+
+	char *old = getenv("KVD_MODEL") ? strdup(getenv("KVD_MODEL")) : NULL;
+	setenv("KVD_MODEL", model_copy, 1);
+	static const char *const args[] = { "--threads", "1", NULL };
+	rc = kp_start(&D, args);
+	if (old) {
+		setenv("KVD_MODEL", old, 1);
+		free(old);
+	} else {
+		unsetenv("KVD_MODEL");
+	}
+	if (!rc)
+		fail_msg("kvd serves a model with 49152 tokens and 1000 embedding rows");
+	assert_int_equal(rc, -ECHILD);
+	if (!file_has(D.log, "embedding"))
+		fail_msg("kvd's refusal does not name the embedding");
+	kp_cleanup(&D);
+
+	char log[128];
+	snprintf(log, sizeof(log), "%s/prompt.log", model_dir);
+	const char *argv[] = { kp_bin(), "--model", model_copy, "--prompt", "Hello there", "-n", "4",
+			       "--threads", "1", NULL };
+	pid_t pid = kp_spawn(argv, log, 0, NULL, NULL);
+	assert_true(pid > 0);
+	kids[0] = pid;
+	rc = wait_bounded(pid, HANG_MS);
+	kids[0] = 0;
+	int named = file_has(log, "embedding");
+	if (rc != 0 && !named)
+		kp_file_tail(log);
+	unlink(log);
+	if (rc == 0)
+		fail_msg("kvd --prompt ran on a model with 49152 tokens and 1000 embedding rows");
+	if (rc == -ETIMEDOUT || rc >= 128)
+		fail_msg("kvd --prompt did not refuse the model cleanly (status %d)", rc);
+	if (!named)
+		fail_msg("kvd --prompt's refusal does not name the embedding");
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -880,6 +996,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_stalled_holder_yields, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_drain_full_cq, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_model_truncated, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_model_vocab_mismatch, setup, teardown),
 	};
 	/* KVD_TEST_FILTER=test_drain* runs only the tests whose names match. */
 	const char *only = getenv("KVD_TEST_FILTER");
