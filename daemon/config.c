@@ -233,7 +233,7 @@ void config_defaults(struct kvd_options *o)
 	o->backend = KB_BACKEND_AUTO;
 	o->srv = (struct server_config){
 		.socket_gid = (gid_t)-1, .max_sessions = 16, .max_slots = 8, .max_tokens = 8192,
-		.max_inflight = 256, .max_uid_sessions = 64, .max_uid_inflight = 1024,
+		.max_inflight = 256, .max_uid_conns = 64, .max_uid_sessions = 64, .max_uid_inflight = 1024,
 		.max_uid_arena = 1ull << 30, .sq_entries = 64, .cq_entries = 256, .arena_bytes = 1 << 20,
 		.max_arena_bytes = 64 << 20, .max_batch_rows = 32, .drain_timeout_ms = 5000,
 	};

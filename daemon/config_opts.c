@@ -143,6 +143,10 @@ const struct cfg_opt config_opts[] = {
 	{ "max-inflight", 0, CT_U32, F_LIVE, SEC_DAEMON, S(max_inflight), RANGE(1, 1 << 20),
 	  .arg = "N", .help = "requests in flight per connection (default 256)",
 	  .man = "Requests in flight per connection (default 256)." },
+	{ "max-uid-connections", 0, CT_U32, F_LIVE, SEC_DAEMON, S(max_uid_conns), RANGE(1, 1 << 20),
+	  .arg = "N", .help = "connections of one uid (default 64)",
+	  .man = "Connections one uid may hold at once (default 64). One more is refused with "
+		 "EMFILE, so no uid can use up the daemon's file descriptors." },
 	{ "max-uid-sessions", 0, CT_U32, F_LIVE, SEC_DAEMON, S(max_uid_sessions), RANGE(1, 1 << 20),
 	  .arg = "N", .help = "sessions of all connections of one uid (default 64)",
 	  .man = "Sessions over all connections of one uid (default 64)." },

@@ -12,6 +12,7 @@
 #include "daemon/log.h"
 #include "daemon/serve/server.h"
 #include "daemon/serve/service.h"
+#include "daemon/model/gguf.h"
 #include "daemon/model/model.h"
 #include "daemon/oneshot.h"
 #include "daemon/serve/obs.h"
@@ -29,7 +30,7 @@ static int serve(struct kvd_options *o, struct model *m, struct backend *be, str
 	char err[256], path[256];
 	struct tokenizer *tok;
 	struct server *srv;
-	int rc = tokenizer_create(&tok, m->gguf, err, sizeof(err));
+	int rc = tokenizer_for_model(&tok, m, err, sizeof(err));
 	if (rc) {
 		log_msg(LOG_ERR, "tokenizer: %s", err);
 		return rc;
@@ -138,6 +139,10 @@ int main(int argc, char **argv)
 		log_msg(LOG_ERR, "%s: %s", o.model, err);
 		goto out_config;
 	}
+	if (m->gguf->copied)
+		log_msg(LOG_NOTICE, "%s: others may write it, so it is read into kvd's own memory rather "
+			"than mapped (make it owned by kvd's user and not group- or world-writable to map it)",
+			o.model);
 	if (o.info) {
 		oneshot_info(m);
 		status = 0;

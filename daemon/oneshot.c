@@ -168,7 +168,7 @@ int oneshot_prompt(const struct kvd_options *o, struct model *m, struct backend 
 	char err[256];
 	struct tokenizer *tok;
 	uint32_t *ids = NULL, n = 0;
-	int rc = tokenizer_create(&tok, m->gguf, err, sizeof(err));
+	int rc = tokenizer_for_model(&tok, m, err, sizeof(err));
 	if (rc) {
 		fprintf(stderr, "kvd: tokenizer: %s\n", err);
 		return rc;

@@ -21,8 +21,8 @@
 
 struct kvc_conn {
 	int			sock;		/* AF_UNIX SOCK_SEQPACKET to the daemon */
-	int			kick_fd;	/* eventfd, client -> daemon; -1 before the first session */
-	int			call_fd;	/* eventfd, daemon -> client */
+	int			kick_fd;	/* doorbell, client -> daemon; -1 before the first session */
+	int			call_fd;	/* doorbell, daemon -> client */
 	uint32_t		seq;		/* of the last control request */
 	unsigned int		spin_us;
 	struct kvd_hello_rep	info;
@@ -69,8 +69,10 @@ void kvc_msg_init(struct kvd_msg_hdr *h, uint16_t type, uint32_t len, uint32_t s
 int kvc_msg_check_reply(const struct kvd_msg_hdr *h, size_t got, uint16_t type,
 			uint32_t min_len, uint32_t seq)
 {
+	/* An ERROR of sequence 0 is the daemon refusing the connection before any request. */
+	int refusal = got >= sizeof(*h) && h->type == KVD_MSG_ERROR && h->seq == 0;
 	if (got < sizeof(*h) || h->magic != KVD_MAGIC || !(h->flags & KVD_MSGF_REPLY) ||
-	    h->len != got || h->seq != seq || h->resv != 0)
+	    h->len != got || (h->seq != seq && !refusal) || h->resv != 0)
 		return -EPROTO;
 	if (h->type == KVD_MSG_ERROR)
 		return h->status < 0 ? h->status : -EPROTO;
@@ -95,6 +97,26 @@ static void close_fds(int *fds, int n)
 		close(fds[i]);
 }
 
+/* KVD_CTRL_TIMEOUT_MS, else 30 s: how long a control round trip may wait for its reply. */
+static int ctrl_timeout_ms(void)
+{
+	const char *s = getenv("KVD_CTRL_TIMEOUT_MS");
+	char *end;
+	long v = s && *s ? strtol(s, &end, 10) : 0;
+	return s && *s && !*end && v > 0 && v <= INT32_MAX ? (int)v : 30000;
+}
+
+/* Wait for the reply: 0 when there is one to read, -ETIMEDOUT, or -errno. */
+static int wait_reply(int sock)
+{
+	struct pollfd p = { .fd = sock, .events = POLLIN };
+	int n;
+	do
+		n = poll(&p, 1, ctrl_timeout_ms());
+	while (n < 0 && errno == EINTR);
+	return n < 0 ? -errno : n == 0 ? -ETIMEDOUT : 0;
+}
+
 /*
  * One control round trip: send req (its header is filled here), receive the
  * reply into rep (rep_len bytes; longer replies from a newer daemon are
@@ -112,10 +134,14 @@ static int kvc_rpc(struct kvc_conn *c, void *req, uint16_t type, uint32_t req_le
 	do
 		n = send(c->sock, req, req_len, MSG_NOSIGNAL);
 	while (n < 0 && errno == EINTR);
-	if (n < 0)
+	/* A daemon that refused the connection said why before it closed: read that below. */
+	if (n < 0 && errno != EPIPE && errno != ECONNRESET)
 		return -errno;
-	if ((size_t)n != req_len)
+	if (n >= 0 && (size_t)n != req_len)
 		return -EPROTO;
+	int err = wait_reply(c->sock);
+	if (err)
+		return err;
 
 	union {
 		struct kvd_msg_hdr hdr;
@@ -152,7 +178,7 @@ static int kvc_rpc(struct kvc_conn *c, void *req, uint16_t type, uint32_t req_le
 				close(fd);
 		}
 	}
-	int err = kvc_msg_check_reply(&buf.hdr, (size_t)n, type, rep_len, seq);
+	err = kvc_msg_check_reply(&buf.hdr, (size_t)n, type, rep_len, seq);
 	if (!err && (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)))
 		err = -EPROTO;
 	if (err) {
@@ -479,13 +505,13 @@ void kvc_arena_reset(struct kvc_conn *c)
 	c->arena_used = 0;
 }
 
-/* Ring the kick doorbell. A saturated counter (-EAGAIN) has rung already. */
+/* Ring the kick doorbell. A full queue (-EAGAIN) has rung already. */
 static void kvc_kick(struct kvc_conn *c)
 {
 	uint64_t one = 1;
 	ssize_t n;
 	do
-		n = write(c->kick_fd, &one, sizeof(one));
+		n = send(c->kick_fd, &one, sizeof(one), MSG_DONTWAIT | MSG_NOSIGNAL);
 	while (n < 0 && errno == EINTR);
 }
 
@@ -600,10 +626,10 @@ int kvc_wait(struct kvc_conn *c, struct kvd_cqe *out, int timeout_ms)
 		if (p[0].revents & (POLLERR | POLLNVAL))
 			return -EIO;
 		if (p[0].revents & POLLIN) {
-			/* Only we read this eventfd and it is readable: this never blocks. */
+			/* Every call waiting, without blocking whatever the fd's flags. */
 			uint64_t v;
-			if (read(c->call_fd, &v, sizeof(v)) < 0 && errno != EAGAIN && errno != EINTR)
-				return -errno;
+			while (recv(c->call_fd, &v, sizeof(v), MSG_DONTWAIT) > 0)
+				;
 		}
 		/* A daemon that drains before exiting posts its last CQEs, then hangs up:
 		 * hand those out first. */

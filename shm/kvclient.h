@@ -57,7 +57,9 @@ int kvc_default_socket(char *buf, size_t cap);
  * daemon passes it. On success *out owns the socket and mappings; free it
  * with kvc_close(). Returns 0, -errno of socket()/connect() (-ENOENT or
  * -ECONNREFUSED when no daemon listens), -EPROTO for a daemon speaking
- * another ABI, or the daemon's refusal.
+ * another ABI, or the daemon's refusal (-EMFILE: its uid holds too many
+ * connections). Every control round trip, this HELLO included, waits at
+ * most $KVD_CTRL_TIMEOUT_MS (30000 by default) for its reply: -ETIMEDOUT.
  */
 int kvc_connect(struct kvc_conn **out, const char *path);
 
@@ -73,7 +75,7 @@ const struct kvd_hello_rep *kvc_info(const struct kvc_conn *c);
 
 /*
  * File descriptors for callers running their own event loop: the socket
- * (readable or hung up only when the daemon goes away) and the call eventfd
+ * (readable or hung up only when the daemon goes away) and the call doorbell
  * (readable when completions arrive, after kvc_wait() armed it; -1 before
  * the first session).
  */
@@ -139,7 +141,7 @@ int kvc_peek(struct kvc_conn *c, struct kvd_cqe *out);
 /*
  * Take the next completion into *out, waiting up to timeout_ms (< 0:
  * forever). Spins on the CQ for the spin time first (kvc_set_spin), then
- * sleeps on the call eventfd. Returns 0, -ETIMEDOUT, -EINTR when a signal
+ * sleeps on the call doorbell. Returns 0, -ETIMEDOUT, -EINTR when a signal
  * interrupted the sleep (call again), -ECONNRESET when the daemon went away.
  */
 int kvc_wait(struct kvc_conn *c, struct kvd_cqe *out, int timeout_ms);

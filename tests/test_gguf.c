@@ -493,7 +493,25 @@ static void test_misaligned_offset(void **state)
 	assert_err_has("'blk.0.attn_norm.weight'");
 	assert_err_has("alignment");
 	assert_int_equal(open_patched_u64(p, off + 16), -EINVAL);
-	assert_int_equal(open_patched_u64(p, off + 32), 0);
+	/* Aligned, but then it shares bytes with the tensor after it. */
+	assert_int_equal(open_patched_u64(p, off + 32), -EINVAL);
+	assert_err_has("overlap");
+}
+
+/* Two tensors at one offset: refused by name at open, never read as each other's bytes. */
+static void test_overlapping_tensors(void **state)
+{
+	struct gguf_file *f = model_parse();
+	size_t pa = tensor_off(f, "blk.0.attn_norm.weight", TF_OFFSET);
+	size_t pb = tensor_off(f, "blk.0.ffn_norm.weight", TF_OFFSET);
+	uint64_t off = 0;
+
+	(void)state;
+	gguf_close(f);
+	memcpy(&off, M.buf + pa, 8);
+	assert_int_equal(open_patched_u64(pb, off), -EINVAL);
+	assert_err_has("overlap");
+	assert_err_has("norm.weight");
 }
 
 static void test_data_past_eof(void **state)
@@ -986,6 +1004,7 @@ int main(void)
 		cmocka_unit_test(test_unknown_tensor_type),
 		cmocka_unit_test(test_bad_dims),
 		cmocka_unit_test(test_misaligned_offset),
+		cmocka_unit_test(test_overlapping_tensors),
 		cmocka_unit_test(test_data_past_eof),
 		cmocka_unit_test(test_duplicates),
 		cmocka_unit_test(test_fuzz_header),

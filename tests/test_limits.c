@@ -211,10 +211,10 @@ static void wait_fds(int want)
 
 /*
  * RLIMIT_NOFILE lowered on the running daemon (prlimit) so that it has no
- * fd left, then one, two and three: SESSION_OPEN fails with -EMFILE as the
- * region's memfd, kick eventfd and call eventfd each fail in turn (this is
- * how memfd creation failing is produced: for real, in the daemon). No fd
- * is lost; raising the limit again brings service back.
+ * fd left, then one, two, ... five: SESSION_OPEN fails with -EMFILE as the
+ * region's memfd and each end of its two doorbell socketpairs fail in turn
+ * (this is how memfd creation failing is produced: for real, in the
+ * daemon). No fd is lost; raising the limit again brings service back.
  */
 static void test_fd_limit(void **state)
 {
@@ -228,17 +228,18 @@ static void test_fd_limit(void **state)
 	kp_sleep_ms(200);
 	int fds0 = kp_fds(D.pid);
 	assert_true(fds0 > 0);
-	int free[5];
-	free_fds(D.pid, free, 5);
+	int free[7];
+	free_fds(D.pid, free, 7);
 	struct kvc_conn *c;
 	uint32_t s;
 	/*
-	 * A limit of free[k] leaves exactly k fds to allocate: with k = 1, 2, 3
-	 * the socket fits and the memfd, the kick or the call eventfd does not.
-	 * With k = 0 an accept armed before the change still takes the socket
-	 * (then the memfd fails); one armed after it is refused.
+	 * A limit of free[k] leaves exactly k fds to allocate: with k = 1 .. 5
+	 * the socket fits and the memfd, or one of the four doorbell ends, does
+	 * not (the client's two are closed once the reply carried them). With
+	 * k = 0 an accept armed before the change still takes the socket (then
+	 * the memfd fails); one armed after it is refused.
 	 */
-	for (int k = 0; k <= 3; k++) {
+	for (int k = 0; k <= 5; k++) {
 		assert_int_equal(set_nofile(D.pid, (rlim_t)free[k]), 0);
 		int rc = kvc_connect(&c, D.sock);
 		if (k == 0 && rc == -EMFILE) {
@@ -250,8 +251,8 @@ static void test_fd_limit(void **state)
 		kvc_close(c);
 		wait_fds(fds0);
 	}
-	/* With room for the socket and the region's three fds it all works. */
-	assert_int_equal(set_nofile(D.pid, (rlim_t)free[4]), 0);
+	/* With room for the socket and the region's five fds (three kept) it all works. */
+	assert_int_equal(set_nofile(D.pid, (rlim_t)free[6]), 0);
 	c = conn(&s);
 	assert_int_equal(generate(c, s, 0, 5, 8), 8);
 	kvc_close(c);
@@ -302,6 +303,12 @@ static void test_fd_limit_at_start(void **state)
 	int n = 0, rc = 0, open_fail = 0;
 	uint32_t s;
 	while (n < 32) {
+		/*
+		 * Settled first: a SESSION_OPEN holds the client's two doorbell
+		 * ends until its reply is sent, so connecting in that moment
+		 * would meet a limit that is gone a moment later.
+		 */
+		wait_fds(fds0 + 4 * (n - open_fail) + open_fail);
 		if ((rc = kvc_connect(&held[n], D.sock)))
 			break;
 		int o = kvc_session_open(held[n++], &s);
@@ -313,6 +320,7 @@ static void test_fd_limit_at_start(void **state)
 	assert_int_equal(rc, -EMFILE);
 	print_message("%d connections held (%d without a session) before -EMFILE at connect\n", n,
 		      open_fail);
+	wait_fds(fds0 + 4 * (n - open_fail) + open_fail);
 	assert_int_equal(kvc_connect(&held[n], D.sock), -EMFILE);	/* and again */
 	for (int i = 0; i < n; i++)
 		kvc_close(held[i]);

@@ -62,8 +62,6 @@ static void pol_open(uint32_t n_blocks, uint32_t max_rows, uint32_t kv_quota)
 	srv->listen_fd = srv->signal_fd = srv->reap_fd = srv->vocab_fd = srv->spare_fd = -1;
 	pthread_mutex_init(&srv->lock, NULL);
 	pthread_cond_init(&srv->work, NULL);
-	srv->uids = calloc(SRV_MAX_UIDS, sizeof(*srv->uids));
-	assert_non_null(srv->uids);
 	engine_pool_stats(srv->eng, &srv->pool_stats);
 	assert_int_equal(sched_create(&P.sc, srv), 0);
 }
@@ -85,7 +83,11 @@ static int pol_close(void **state)
 		free(c);
 	}
 	sched_destroy(P.sc);
-	free(srv->uids);
+	while (srv->uids) {
+		struct uid_usage *u = srv->uids;
+		srv->uids = u->next;
+		free(u);
+	}
 	pthread_cond_destroy(&srv->work);
 	pthread_mutex_destroy(&srv->lock);
 	memset(&P, 0, sizeof(P));
@@ -106,11 +108,8 @@ static struct conn *conn_add(uid_t uid, uint32_t n_slots, int region)
 	region_init(&c->rg);
 	if (region)
 		assert_int_equal(region_create(&c->rg, 8, 64, 64 << 10), 0);
-	c->use = server_uid(srv, uid);
-	if (!c->use) {
-		c->use = &srv->uids[srv->n_uids++];
-		*c->use = (struct uid_usage){ .uid = uid };
-	}
+	c->use = server_uid_get(srv, uid);
+	assert_non_null(c->use);
 	struct session *s = session_new(n_slots);
 	assert_non_null(s);
 	s->id = 0;

@@ -88,7 +88,7 @@ static const char *connect_hint(const char *path, int err, char *buf, size_t len
 	case -ESHUTDOWN:
 		return "the daemon is shutting down; try again once it is back";
 	case -EMFILE:
-		return "the daemon is out of file descriptors (its RLIMIT_NOFILE, LimitNOFILE= in kvd.service)";
+		return "your uid holds max-uid-connections connections already, or the daemon is out of file\n  descriptors (its RLIMIT_NOFILE, LimitNOFILE= in kvd.service)";
 	case -ECONNRESET:
 	case -EPIPE:
 		return "the daemon hung up during the handshake; its log says why";

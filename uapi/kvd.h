@@ -25,11 +25,14 @@
  *     -EBUSY      too many requests in flight for the connection or its uid
  *     -ENOSPC     the KV-cache pool cannot hold the request
  *     -EDQUOT     the caller's uid is over a quota (KV cache, shared-region bytes)
- *     -EMFILE     too many sessions for this connection or uid; or the daemon
- *                 is out of file descriptors (RLIMIT_NOFILE): SESSION_OPEN could
- *                 not create the region's memfd or eventfds, or a new
- *                 connection is refused (its HELLO answered with a
- *                 KVD_MSG_ERROR reply of status -EMFILE, then closed)
+ *     -EMFILE     too many sessions for this connection or uid; too many
+ *                 connections for the uid (max-uid-connections: the new one
+ *                 is sent a KVD_MSG_ERROR reply of sequence 0 and status
+ *                 -EMFILE at once, then closed); or the daemon is out of file
+ *                 descriptors (RLIMIT_NOFILE): SESSION_OPEN could not create
+ *                 the region's memfd or doorbells, or a new connection is
+ *                 refused (its HELLO answered with a KVD_MSG_ERROR reply of
+ *                 status -EMFILE, then closed)
  *     -ESHUTDOWN  the daemon is draining and takes no new work
  *     -ECANCELED  the request was cancelled (by CANCEL or by session close)
  *     -EIO        the compute backend failed; the daemon stays up
@@ -122,7 +125,8 @@ struct kvd_hello_rep {
 	__u64	resv[2];	/* zero */
 };
 
-#define KVD_HELLOF_VOCAB (1U << 0) /* this reply carries one fd: the vocabulary memfd */
+#define KVD_HELLOF_VOCAB (1U << 0) /* this reply carries one fd: the vocabulary memfd (only
+				    * a connection's first HELLO's reply does) */
 
 /*
  * The vocabulary memfd (sealed, read-only; mmap it PROT_READ, MAP_SHARED):
@@ -163,9 +167,13 @@ struct kvd_session_open_req {
  *
  * Reply to SESSION_OPEN. On the first open of a connection the daemon sends,
  * as SCM_RIGHTS with this reply, three fds in this order: the sealed memfd
- * holding the region (rings and arena), the kick eventfd (client -> daemon)
- * and the call eventfd (daemon -> client); KVD_OPENF_FDS is set then. Later
- * sessions of the same connection share that region and those eventfds.
+ * holding the region (rings and arena), the kick doorbell (client ->
+ * daemon) and the call doorbell (daemon -> client); KVD_OPENF_FDS is set
+ * then. Later sessions of the same connection share that region and those
+ * doorbells. A doorbell is the client's end of a datagram socketpair whose
+ * other end only the daemon holds: ring one by writing 8 bytes (any value),
+ * clear one by reading what is there (8 bytes a ring; several may wait).
+ * Nothing done to these fds reaches the daemon's own ends.
  */
 struct kvd_session_open_rep {
 	struct kvd_msg_hdr hdr;
@@ -234,7 +242,7 @@ struct kvd_ring_hdr {
 
 /* kvd_ring_hdr.flags */
 #define KVD_RING_NEED_WAKEUP	(1U << 0) /* set by the consumer: it sleeps, the producer must
-					   * signal its eventfd */
+					   * ring its doorbell */
 #define KVD_RING_CQ_OVERFLOW	(1U << 1) /* CQ, set by the daemon: it holds completions that did
 					   * not fit; a client that frees CQ room while this is set
 					   * kicks the daemon if the SQ shows NEED_WAKEUP */
@@ -274,10 +282,10 @@ struct kvd_ring_hdr {
  * batched with any other work.
  *
  * Wake-ups: the daemon sets KVD_RING_NEED_WAKEUP in the SQ header before it
- * sleeps; a client that sees it after publishing its tail writes the kick
- * eventfd. A client sets KVD_RING_NEED_WAKEUP in the CQ header before it
- * sleeps on the call eventfd (then looks at the CQ once more); the daemon
- * writes the call eventfd at most once per engine step when it is set. A
+ * sleeps; a client that sees it after publishing its tail rings the kick
+ * doorbell. A client sets KVD_RING_NEED_WAKEUP in the CQ header before it
+ * sleeps on the call doorbell (then looks at the CQ once more); the daemon
+ * rings the call doorbell at most once per engine step when it is set. A
  * new connection's SQ starts with NEED_WAKEUP set: its first SQE kicks.
  */
 enum kvd_op {

@@ -527,6 +527,43 @@ static int place_data(struct rd *r, struct gguf_file *f, const uint64_t *offs)
 	return 0;
 }
 
+/* A tensor's bytes in the data section, for no_overlap(). */
+struct span {
+	uint64_t beg, end;
+	uint64_t idx;
+};
+
+static int span_cmp(const void *a, const void *b)
+{
+	const struct span *x = a, *y = b;
+	return x->beg < y->beg ? -1 : x->beg > y->beg;
+}
+
+/*
+ * No two tensors share bytes: a file whose tensors overlap is no file any
+ * writer makes, and one tensor's bytes read as another's type are garbage
+ * (NaNs in the kernels) rather than a model.
+ */
+static int no_overlap(struct rd *r, struct gguf_file *f, const uint64_t *offs)
+{
+	char a[GGUF_SHOW_MAX + 4], b[GGUF_SHOW_MAX + 4];
+	struct span *v = malloc((size_t)f->n_tensors * sizeof(*v));
+	if (!v)
+		return fail(r, -ENOMEM, "out of memory checking tensor placement");
+	size_t n = 0;
+	for (uint64_t i = 0; i < f->n_tensors; i++)
+		if (f->tensors[i].size)
+			v[n++] = (struct span){ offs[i], offs[i] + f->tensors[i].size, i };
+	qsort(v, n, sizeof(*v), span_cmp);
+	int ret = 0;
+	for (size_t i = 1; i < n && !ret; i++)
+		if (v[i].beg < v[i - 1].end)
+			ret = fail(r, -EINVAL, "tensors '%s' and '%s' overlap in the data section",
+				   show(a, f->tensors[v[i - 1].idx].name), show(b, f->tensors[v[i].idx].name));
+	free(v);
+	return ret;
+}
+
 static int parse(struct rd *r, struct gguf_file *f)
 {
 	uint64_t n_kv = 0, n_tensors = 0, *offs = NULL;
@@ -541,6 +578,8 @@ static int parse(struct rd *r, struct gguf_file *f)
 		ret = rd_tensors(r, f, n_tensors, &offs);
 	if (!ret && f->n_tensors)
 		ret = place_data(r, f, offs);
+	if (!ret && f->n_tensors)
+		ret = no_overlap(r, f, offs);
 	free(offs);
 	return ret;
 }
@@ -597,6 +636,32 @@ int gguf_open_mem(struct gguf_file **out, const void *buf, size_t size,
 	return open_common(out, buf ? buf : "", size, false, err, errlen);
 }
 
+/* Whether someone other than this process's user may change the file under a mapping. */
+static bool writable_by_others(const struct stat *st)
+{
+	return (st->st_mode & (S_IWGRP | S_IWOTH)) || st->st_uid != geteuid();
+}
+
+/* The file's bytes in private anonymous memory (read-only after); MAP_FAILED with errno set. */
+static void *read_private(int fd, size_t size)
+{
+	uint8_t *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED)
+		return MAP_FAILED;
+	for (size_t at = 0; at < size;) {
+		ssize_t n = pread(fd, p + at, size - at, (off_t)at);
+		if (n <= 0) {
+			int e = n < 0 ? errno : EIO;	/* shorter than it was: changed while read */
+			munmap(p, size);
+			errno = e;
+			return MAP_FAILED;
+		}
+		at += (size_t)n;
+	}
+	mprotect(p, size, PROT_READ);
+	return p;
+}
+
 int gguf_open(struct gguf_file **out, const char *path, char *err, size_t errlen)
 {
 	struct rd r = { .err = err, .errlen = errlen };
@@ -630,14 +695,19 @@ int gguf_open(struct gguf_file **out, const char *path, char *err, size_t errlen
 		ret = fail(&r, -EFBIG, "'%s' is too large to map", path);
 		goto err_close;
 	}
-	map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+	bool copy = writable_by_others(&st);
+	map = copy ? read_private(fd, (size_t)st.st_size) :
+		     mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
 	if (map == MAP_FAILED) {
 		ret = -errno;
-		fail(&r, ret, "mmap '%s': %s", path, strerror(-ret));
+		fail(&r, ret, "%s '%s': %s", copy ? "read" : "mmap", path, strerror(-ret));
 		goto err_close;
 	}
 	close(fd);
-	return open_common(out, map, (size_t)st.st_size, true, err, errlen);
+	ret = open_common(out, map, (size_t)st.st_size, true, err, errlen);
+	if (!ret)
+		(*out)->copied = copy;
+	return ret;
 
 err_close:
 	close(fd);

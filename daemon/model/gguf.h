@@ -59,10 +59,14 @@ struct gguf_file {
 	uint64_t alignment;
 	const uint8_t *base;		/* the whole mapping */
 	size_t size;
+	int copied;			/* read into private memory, not mapped: see gguf_open() */
 };
 
 /*
- * Map and validate the file at path. Every count, string, offset, size and
+ * Map and validate the file at path. A file that anyone but this process's
+ * user may write (group or other write bits, or another owner) is read
+ * into private memory instead (f->copied): a mapping would die of SIGBUS
+ * when they truncate it. Every count, string, offset, size and
  * alignment is checked before use; on failure returns -errno (-EINVAL for
  * malformed content, -ENOTSUP for an unknown tensor type) and writes a
  * message naming the offending key or tensor into err. *out is freed with

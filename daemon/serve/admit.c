@@ -165,21 +165,38 @@ static int has_out(const struct kvd_sqe *q)
 static int read_prompt(struct server *srv, struct conn *c, struct taken *t)
 {
 	const struct kvd_sqe *q = &t->q;
-	if (q->flags & KVD_SQE_TEXT)
-		return text_prompt(srv, c, q, &t->prompt, &t->n_prompt);
-	t->prompt = malloc((size_t)q->n_tokens * sizeof(uint32_t));
-	if (!t->prompt)
-		return -ENOMEM;
-	region_read(&c->rg, q->tokens_off, t->prompt, (size_t)q->n_tokens * 4);
-	t->n_prompt = q->n_tokens;
+	if (q->flags & KVD_SQE_TEXT) {
+		int rc = text_prompt(srv, c, q, &t->prompt, &t->n_prompt);
+		if (rc)
+			return rc;
+	} else {
+		t->prompt = malloc((size_t)q->n_tokens * sizeof(uint32_t));
+		if (!t->prompt)
+			return -ENOMEM;
+		region_read(&c->rg, q->tokens_off, t->prompt, (size_t)q->n_tokens * 4);
+		t->n_prompt = q->n_tokens;
+	}
+	/* Text too: a tokenizer may know ids the embedding has no row for. */
 	for (uint32_t i = 0; i < t->n_prompt; i++)
 		if (t->prompt[i] >= srv->m->hp.vocab)
 			return -ERANGE;
 	return 0;
 }
 
-/* Without the lock: only the engine thread reads this ring and arena. */
-static void prepare(struct server *srv, struct conn *c, struct taken *t)
+/*
+ * Whether text of n bytes could fit max_tokens with max_out more: every
+ * token stands for at most max_token_bytes of it, so it is at least
+ * n / max_token_bytes tokens. Checked before tokenizing, which is the work
+ * a hostile prompt of megabytes would otherwise cost everyone.
+ */
+static int text_may_fit(uint64_t n, uint32_t max_out, uint32_t max_token_bytes, uint32_t max_tokens)
+{
+	uint64_t per = max_token_bytes ? max_token_bytes : 1;
+	return (n + per - 1) / per + max_out <= max_tokens;
+}
+
+/* Without the lock: only the engine thread reads this ring and arena. max_tokens: the limit now. */
+static void prepare(struct server *srv, struct conn *c, struct taken *t, uint32_t max_tokens)
 {
 	const struct kvd_sqe *q = &t->q;
 	t->op_rc = validate_sqe_op(q);
@@ -188,7 +205,11 @@ static void prepare(struct server *srv, struct conn *c, struct taken *t)
 	t->body_rc = validate_sqe(q, c->rg.arena_bytes);
 	if (t->body_rc)
 		return;
-	if (has_prompt(q))
+	uint32_t max_out = has_out(q) ? q->max_tokens : 0;
+	if (has_prompt(q) && (q->flags & KVD_SQE_TEXT) &&
+	    !text_may_fit(q->n_tokens, max_out, srv->max_token_bytes, max_tokens))
+		t->prep_rc = -E2BIG;
+	else if (has_prompt(q))
 		t->prep_rc = read_prompt(srv, c, t);
 	if (!t->prep_rc && has_out(q))
 		t->smp_rc = sampler_from_sqe(q, srv->m->hp.vocab, &t->smp);
@@ -269,6 +290,7 @@ void admit_drain_sq(struct server *srv, struct conn *c)
 		 * goes on accepting and answering while a prompt is tokenized;
 		 * c stays allocated, since only this thread releases it.
 		 */
+		uint32_t max_tokens = srv->cfg.max_tokens;	/* SIGHUP may change it meanwhile */
 		pthread_mutex_unlock(&srv->lock);
 		int n = 0, bad_tail = 0;
 		while (n < ADMIT_BATCH) {
@@ -278,7 +300,7 @@ void admit_drain_sq(struct server *srv, struct conn *c)
 				more = 0;
 				break;
 			}
-			prepare(srv, c, &batch[n++]);
+			prepare(srv, c, &batch[n++], max_tokens);
 		}
 		region_sq_done(&c->rg);
 		pthread_mutex_lock(&srv->lock);

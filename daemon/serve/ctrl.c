@@ -12,6 +12,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include "daemon/log.h"
 #include "daemon/model/model.h"
 #include "daemon/serve/server.h"
 #include "daemon/tokenizer/tokenizer.h"
@@ -26,9 +27,13 @@ int ctrl_build_vocab(struct server *srv)
 	char buf[1024];
 	for (uint32_t i = 0; i < n; i++) {
 		int b = tokenizer_token_bytes(srv->tok, i, 0, buf, sizeof(buf));
+		int s = tokenizer_token_bytes(srv->tok, i, 1, buf, sizeof(buf));
 		if (b < 0)
 			return b;
 		bytes += (size_t)b;
+		/* The most text one token stands for, a special token's spelling included. */
+		uint32_t most = (uint32_t)(s > b ? s : b);
+		srv->max_token_bytes = most > srv->max_token_bytes ? most : srv->max_token_bytes;
 	}
 	struct kvd_vocab_hdr h = { .magic = KVD_VOCAB_MAGIC, .n_tokens = n };
 	h.offsets_off = sizeof(h);
@@ -151,13 +156,19 @@ static void do_hello(struct server *srv, struct conn *c, const struct kvd_hello_
 	snprintf(r.backend, sizeof(r.backend), "%s", srv->be->ops->name);
 	r.max_tokens = srv->cfg.max_tokens;
 	r.max_slots = srv->cfg.max_slots;
-	if (r.features & KVD_FEAT_VOCAB) {
+	/*
+	 * The vocabulary fd goes to a connection once: every fd in an unread
+	 * reply counts against the daemon's user in the kernel (SCM_RIGHTS
+	 * in flight), so a client repeating HELLO must not pile them up.
+	 */
+	int rc, with_fd = (r.features & KVD_FEAT_VOCAB) && !c->vocab_sent;
+	if (with_fd) {
 		r.flags = KVD_HELLOF_VOCAB;
 		r.vocab_bytes = srv->vocab_bytes;
-		send_reply(c, &r, sizeof(r), &srv->vocab_fd, 1);
-	} else {
-		send_reply(c, &r, sizeof(r), NULL, 0);
+		c->vocab_sent = 1;
 	}
+	if ((rc = send_reply(c, &r, sizeof(r), &srv->vocab_fd, with_fd)))
+		log_msg(LOG_WARNING, "HELLO reply to pid %d not sent: %s", (int)c->pid, strerror(-rc));
 }
 
 /* ---- sessions ---- */
@@ -228,8 +239,13 @@ static void do_session_open(struct server *srv, struct conn *c, const struct kvd
 	r.arena_off = (uint64_t)(c->rg.arena - c->rg.base);
 	r.arena_bytes = c->rg.arena_bytes;
 	pthread_mutex_unlock(&srv->lock);
-	int fds[3] = { c->rg.memfd, c->rg.kick_fd, c->rg.call_fd };
-	send_reply(c, &r, sizeof(r), fds, first ? 3 : 0);
+	int fds[3] = { c->rg.memfd, c->rg.peer_kick_fd, c->rg.peer_call_fd };
+	int rc2 = send_reply(c, &r, sizeof(r), fds, first ? 3 : 0);
+	if (rc2)
+		log_msg(LOG_WARNING, "SESSION_OPEN reply to pid %d not sent: %s", (int)c->pid, strerror(-rc2));
+	/* In flight to the client or lost with the reply: the daemon keeps only its own ends. */
+	if (first)
+		region_peer_fds_sent(&c->rg);
 }
 
 static void do_session_close(struct server *srv, struct conn *c, const struct kvd_session_close_req *rq)

@@ -3,7 +3,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <sys/mman.h>
 #include <unistd.h>
 #include "daemon/log.h"
@@ -13,7 +13,7 @@
 void region_init(struct region *rg)
 {
 	memset(rg, 0, sizeof(*rg));
-	rg->memfd = rg->kick_fd = rg->call_fd = -1;
+	rg->memfd = rg->kick_fd = rg->call_fd = rg->peer_kick_fd = rg->peer_call_fd = -1;
 }
 
 static int is_pow2(uint32_t x)
@@ -47,10 +47,18 @@ int region_create(struct region *rg, uint32_t sq, uint32_t cq, uint32_t arena)
 	    /* A client must not shrink the region under the daemon (SIGBUS). */
 	    fcntl(rg->memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL))
 		goto err_errno;
-	rg->kick_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	rg->call_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	if (rg->kick_fd < 0 || rg->call_fd < 0)
+	int kick[2], call[2];
+	if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, kick))
 		goto err_errno;
+	rg->kick_fd = kick[0];
+	rg->peer_kick_fd = kick[1];
+	if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, call))
+		goto err_errno;
+	rg->call_fd = call[0];
+	rg->peer_call_fd = call[1];
+	/* One way each: the daemon only reads kicks and only writes calls. */
+	shutdown(rg->kick_fd, SHUT_WR);
+	shutdown(rg->call_fd, SHUT_RD);
 	rg->base = p;
 	rg->bytes = total;
 	rg->sq = (struct kvd_ring_hdr *)(p + sq_off);
@@ -84,6 +92,7 @@ void region_destroy(struct region *rg)
 		close(rg->kick_fd);
 	if (rg->call_fd >= 0)
 		close(rg->call_fd);
+	region_peer_fds_sent(rg);
 	while (rg->ovf_head) {
 		struct cqe_node *n = rg->ovf_head;
 		rg->ovf_head = n->next;
@@ -215,11 +224,24 @@ void region_need_kick(struct region *rg, int on)
 		kvring_clear_need_wakeup(rg->sq);
 }
 
+void region_peer_fds_sent(struct region *rg)
+{
+	if (rg->peer_kick_fd >= 0)
+		close(rg->peer_kick_fd);
+	if (rg->peer_call_fd >= 0)
+		close(rg->peer_call_fd);
+	rg->peer_kick_fd = rg->peer_call_fd = -1;
+}
+
+/* Kicks read per poll event: a client that floods its doorbell waits for the next one. */
+#define REGION_KICKS_PER_ACK 64
+
 void region_ack_kick(struct region *rg)
 {
 	uint64_t v;
-	if (read(rg->kick_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
-		log_msg(LOG_WARNING, "kick eventfd: %s", strerror(errno));
+	for (int i = 0; i < REGION_KICKS_PER_ACK; i++)
+		if (recv(rg->kick_fd, &v, sizeof(v), MSG_DONTWAIT) < 0)
+			break;
 }
 
 int region_wake(struct region *rg)
@@ -231,7 +253,13 @@ int region_wake(struct region *rg)
 	if (!kvring_needs_wakeup(rg->cq))
 		return 0;
 	uint64_t one = 1;
-	if (write(rg->call_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+	/*
+	 * A full queue means calls are waiting unread: the client is woken
+	 * already. A client that closed its end cannot be woken and is not
+	 * the daemon's concern.
+	 */
+	if (send(rg->call_fd, &one, sizeof(one), MSG_DONTWAIT | MSG_NOSIGNAL) < 0 &&
+	    errno != EAGAIN && errno != ECONNREFUSED && errno != EPIPE)
 		return -errno;
 	return 0;
 }

@@ -17,10 +17,19 @@ struct cqe_node {
 	struct kvd_cqe cqe;
 };
 
+/*
+ * The doorbells are datagram socketpairs, not eventfds: the daemon keeps
+ * one end of each and hands the client the other. Ends of a socketpair are
+ * separate open file descriptions, so nothing a client does to its ends
+ * (clearing O_NONBLOCK, filling a counter, never reading) can make the
+ * daemon's own reads and writes block, and those pass MSG_DONTWAIT anyway.
+ */
 struct region {
 	int memfd;
-	int kick_fd;			/* client -> daemon doorbell */
-	int call_fd;			/* daemon -> client doorbell */
+	int kick_fd;			/* client -> daemon doorbell, the daemon's end */
+	int call_fd;			/* daemon -> client doorbell, the daemon's end */
+	int peer_kick_fd;		/* the client's ends, until the reply hands them over */
+	int peer_call_fd;
 	uint8_t *base;			/* NULL until the first session opens */
 	size_t bytes;
 	struct kvd_ring_hdr *sq;
@@ -89,9 +98,11 @@ int region_overflow_fits(const struct region *rg);
 
 /* Arm (on) or clear the SQ's need-wakeup flag: whether the client must kick. */
 void region_need_kick(struct region *rg, int on);
-/* Consume the kick eventfd's count (the loop thread, after its poll fired). */
+/* Consume the kicks waiting (the loop thread, after its poll fired); never blocks. */
 void region_ack_kick(struct region *rg);
-/* After posting: one call-eventfd write, and only when the client sleeps on it. */
+/* After posting: one call doorbell, and only when the client sleeps on it; never blocks. */
 int region_wake(struct region *rg);
+/* The client's ends were sent (or could not be): the daemon closes its copies. */
+void region_peer_fds_sent(struct region *rg);
 
 #endif

@@ -92,6 +92,11 @@ static int start(struct server *srv, struct request *r)
 			release_request(srv, r, -EINVAL, 0);
 			return 1;
 		}
+		/* Its pending token goes in at position len: past the context, this request alone fails. */
+		if (sl->has_pending && engine_seq_len(&sl->seq) >= srv->m->hp.ctx_len) {
+			release_request(srv, r, -E2BIG, 0);
+			return 1;
+		}
 		if (!sl->n_resume) {
 			r->phase = REQ_DECODE;
 			return 0;
@@ -113,10 +118,13 @@ static int start(struct server *srv, struct request *r)
 			release_request(srv, r, -ENOMEM, 0);
 			return 1;
 		}
-		memcpy(p, sl->resume, (size_t)sl->n_resume * sizeof(uint32_t));
+		/* (A DECODE has no prompt, an unpreempted slot no resume: no memcpy from NULL.) */
+		if (sl->n_resume)
+			memcpy(p, sl->resume, (size_t)sl->n_resume * sizeof(uint32_t));
 		if (sl->has_pending)
 			p[sl->n_resume] = sl->pending;
-		memcpy(p + n - r->n_prompt, r->prompt, (size_t)r->n_prompt * sizeof(uint32_t));
+		if (r->n_prompt)
+			memcpy(p + n - r->n_prompt, r->prompt, (size_t)r->n_prompt * sizeof(uint32_t));
 		free(r->prompt);
 		free(sl->resume);
 		sl->resume = NULL;
@@ -210,30 +218,45 @@ static int keep_rank_less(const struct request *a, const struct request *b)
 }
 
 /*
- * Find the sequence to preempt for r: an idle sequence holding blocks
- * first, else the newest request of the lowest class that ranks below r
- * and has no row in this step. Returns 1 if one was preempted.
+ * Find the sequence to preempt for r, the cheapest kind first: an idle
+ * sequence holding blocks; then one whose client is stalled (its CQ full:
+ * it cannot take a token, so it must not hold blocks others wait for,
+ * whatever its rank or age); else the newest request of the lowest class
+ * that ranks below r and has no row in this step. Returns 1 if one was
+ * preempted.
  */
 static int make_room(struct server *srv, struct request *r)
 {
+	enum { IDLE, STALLED, RANKED, NONE } kind = NONE;
 	struct slot *vs = NULL, *sl;
 	struct request *vr = NULL;
 	srv_for_each_slot(srv, it, sl) {
 		if (!sl->live || !engine_seq_blocks(&sl->seq) || sl == r->sl)
 			continue;
 		struct request *h = sl->head;
-		if (!h) {
-			if (!vs || vr) {
+		int stalled = region_backpressured(&it.c->rg);
+		if (!h || (stalled && h->phase == REQ_QUEUED)) {
+			if (kind > IDLE) {
+				kind = IDLE;
 				vs = sl;
 				vr = NULL;
 			}
 			continue;
 		}
-		if (h->want_row >= 0 || h->phase == REQ_QUEUED || !keep_rank_less(r, h))
+		if (h->want_row >= 0 || h->phase == REQ_QUEUED)
 			continue;
-		if (vs && !vr)
-			continue;	/* an idle victim is cheaper */
+		if (stalled) {
+			if (kind > STALLED) {
+				kind = STALLED;
+				vs = sl;
+				vr = h;
+			}
+			continue;
+		}
+		if (kind < RANKED || !keep_rank_less(r, h))
+			continue;
 		if (!vr || keep_rank_less(vr, h)) {
+			kind = RANKED;
 			vs = sl;
 			vr = h;
 		}
@@ -356,6 +379,94 @@ static uint32_t collect(struct sched *sc)
 }
 
 /*
+ * A decode row for cd's request: its pending token, fed where the sequence
+ * ends. Returns the rows it took (0 or 1).
+ */
+static uint32_t add_decode(struct sched *sc, struct batch *b, struct cand *cd)
+{
+	struct server *srv = sc->srv;
+	struct request *r = cd->r;
+	/* A row past the context would fail the whole step: this request alone ends. */
+	if (engine_seq_len(&cd->sl->seq) >= srv->m->hp.ctx_len) {
+		release_request(srv, r, -E2BIG, 0);
+		return 0;
+	}
+	int rc = reserve(srv, r, 1);
+	if (rc) {
+		log_msg(LOG_DEBUG, "request %llu waits: %s", (unsigned long long)r->id, strerror(-rc));
+		return 0;	/* waits for blocks */
+	}
+	if (r->phase != REQ_DECODE || !cd->sl->has_pending)
+		return 0;	/* preempted meanwhile: recomputed later */
+	/* Feed the last token; its logits give the next one. */
+	uint32_t t = cd->sl->pending;
+	cd->sl->has_pending = 0;
+	add_row(sc, b, r, t, 1);
+	b->n_decode++;
+	return 1;
+}
+
+/*
+ * A chunk of cd's prompt, at most its client's share of the step's rows
+ * (share) and what the budget has left. Returns the rows it took.
+ */
+static uint32_t add_prefill(struct sched *sc, struct batch *b, struct cand *cd, uint32_t share,
+			    uint32_t budget)
+{
+	struct server *srv = sc->srv;
+	struct request *r = cd->r;
+	if (r->reattach && !srv->cfg.no_prefix_cache) {
+		int hit = engine_seq_attach_prefix(srv->eng, &cd->sl->seq, r->prompt, r->n_prompt);
+		r->n_fed = hit > 0 ? (uint32_t)hit : 0;
+	}
+	r->reattach = 0;
+	if (r->c->step_rows >= share)
+		return 0;
+	share -= r->c->step_rows;
+	share = share < budget ? share : budget;
+	uint32_t left = r->n_prompt - r->n_fed;
+	uint32_t take = left < share ? left : share;
+	int rc = reserve(srv, r, take);
+	if (rc == -ENOSPC) {
+		struct kvpool_stats st;
+		engine_pool_stats(srv->eng, &st);
+		if (st.blocks_in_use <= engine_seq_blocks(&cd->sl->seq)) {
+			release_request(srv, r, -ENOSPC, 0);	/* alone and still too big */
+			return 0;
+		}
+	}
+	if (rc || r->phase != REQ_PREFILL) {
+		log_msg(LOG_DEBUG, "request %llu waits: %s", (unsigned long long)r->id, strerror(-rc));
+		return 0;
+	}
+	for (uint32_t j = 0; j < take; j++)
+		add_row(sc, b, r, r->prompt[r->n_fed + j], r->n_fed + j + 1 == r->n_prompt);
+	KVD_PROBE(prefill_chunk, r->id, r->c->uid, r->n_fed, take);
+	r->n_fed += take;
+	r->c->step_rows += take;
+	srv->n_prefilled += take;
+	return take;
+}
+
+/* How many clients have prompts among the n candidates (their conns' step_rows left 0). */
+static uint32_t prefill_clients(struct sched *sc, uint32_t n)
+{
+	uint32_t n_clients = 0;
+	for (struct conn *c = sc->srv->conns; c; c = c->next)
+		c->step_rows = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		struct conn *c = sc->cands[i].r->c;
+		if (!sc->cands[i].decode && !c->step_rows) {
+			c->step_rows = 1;
+			n_clients++;
+		}
+	}
+	for (struct conn *c = sc->srv->conns; c; c = c->next)
+		c->step_rows = 0;
+	return n_clients;
+}
+
+/*
  * One step's rows, interactive requests before background ones: in each
  * class every decode, then prefill chunks from what the budget has left,
  * split evenly between the clients that have prompts waiting (so one
@@ -370,75 +481,19 @@ static void build(struct sched *sc, struct batch *b)
 	if (n)	/* cands is NULL until the first candidate: qsort(NULL, 0) is undefined */
 		qsort(sc->cands, n, sizeof(*sc->cands), cand_cmp);
 	/* Clients with prompts to prefill share the rows evenly; each client's own go FCFS. */
-	uint32_t n_clients = 0;
-	for (struct conn *c = srv->conns; c; c = c->next)
-		c->step_rows = 0;
-	for (uint32_t i = 0; i < n; i++) {
-		struct conn *c = sc->cands[i].r->c;
-		if (!sc->cands[i].decode && !c->step_rows) {
-			c->step_rows = 1;
-			n_clients++;
-		}
-	}
-	for (struct conn *c = srv->conns; c; c = c->next)
-		c->step_rows = 0;
+	uint32_t n_clients = prefill_clients(sc, n);
+	uint32_t bt = engine_pool_block_tokens(srv->eng);
+	uint32_t share = srv->cfg.max_batch_rows / (n_clients ? n_clients : 1);
+	share = share < bt ? bt : share;
 	for (uint32_t i = 0; i < n && budget; i++) {
 		struct cand *cd = &sc->cands[i];
 		struct request *r = cd->r;
 		if (r->want_row >= 0 || r->s->closing)
 			continue;
-		if (cd->decode) {
-			int rc = reserve(srv, r, 1);
-			if (rc) {
-				log_msg(LOG_DEBUG, "request %llu waits: %s", (unsigned long long)r->id, strerror(-rc));
-				continue;	/* waits for blocks */
-			}
-			if (r->phase != REQ_DECODE || !cd->sl->has_pending)
-				continue;	/* preempted meanwhile: recomputed later */
-			/* Feed the last token; its logits give the next one. */
-			uint32_t t = cd->sl->pending;
-			cd->sl->has_pending = 0;
-			add_row(sc, b, r, t, 1);
-			budget--;
-			b->n_decode++;
-			continue;
-		}
-		if (r->phase != REQ_PREFILL)
-			continue;
-		if (r->reattach && !srv->cfg.no_prefix_cache) {
-			int hit = engine_seq_attach_prefix(srv->eng, &cd->sl->seq, r->prompt, r->n_prompt);
-			r->n_fed = hit > 0 ? (uint32_t)hit : 0;
-		}
-		r->reattach = 0;
-		uint32_t bt = engine_pool_block_tokens(srv->eng);
-		uint32_t share = srv->cfg.max_batch_rows / (n_clients ? n_clients : 1);
-		share = share < bt ? bt : share;
-		if (r->c->step_rows >= share)
-			continue;
-		share -= r->c->step_rows;
-		share = share < budget ? share : budget;
-		uint32_t left = r->n_prompt - r->n_fed;
-		uint32_t take = left < share ? left : share;
-		int rc = reserve(srv, r, take);
-		if (rc == -ENOSPC) {
-			struct kvpool_stats st;
-			engine_pool_stats(srv->eng, &st);
-			if (st.blocks_in_use <= engine_seq_blocks(&cd->sl->seq)) {
-				release_request(srv, r, -ENOSPC, 0);	/* alone and still too big */
-				continue;
-			}
-		}
-		if (rc || r->phase != REQ_PREFILL) {
-			log_msg(LOG_DEBUG, "request %llu waits: %s", (unsigned long long)r->id, strerror(-rc));
-			continue;
-		}
-		for (uint32_t j = 0; j < take; j++)
-			add_row(sc, b, r, r->prompt[r->n_fed + j], r->n_fed + j + 1 == r->n_prompt);
-		KVD_PROBE(prefill_chunk, r->id, r->c->uid, r->n_fed, take);
-		r->n_fed += take;
-		r->c->step_rows += take;
-		budget -= take;
-		srv->n_prefilled += take;
+		if (cd->decode)
+			budget -= add_decode(sc, b, cd);
+		else if (r->phase == REQ_PREFILL)
+			budget -= add_prefill(sc, b, cd, share, budget);
 	}
 }
 
@@ -528,10 +583,11 @@ static int any_overflow(struct server *srv)
 	return 0;
 }
 
+/* SQEs the next step boundary will take: a back-pressured client's wait in its ring. */
 static int any_new_sqe(struct server *srv)
 {
 	for (struct conn *c = srv->conns; c; c = c->next)
-		if (!c->dead && region_sq_ready(&c->rg))
+		if (!c->dead && region_sq_ready(&c->rg) && !region_backpressured(&c->rg))
 			return 1;
 	return 0;
 }
@@ -693,6 +749,38 @@ void sched_run(struct sched *sc)
 	sc->b = (struct batch){ 0, 0, 0 };
 }
 
+/*
+ * The last completions, to clients whose CQ is full: the drain waits (up
+ * to its deadline) for them to make room, so every request in flight gets
+ * its final CQE; what still cannot be delivered is logged, per client.
+ */
+static void drain_held(struct server *srv)
+{
+	for (;;) {
+		int held = 0;
+		for (struct conn *c = srv->conns; c; c = c->next)
+			if (!c->dead) {
+				region_flush_overflow(&c->rg);
+				held += c->rg.n_ovf != 0;
+			}
+		wake_clients(srv);
+		if (!held || log_now_ns() >= srv->drain_deadline_ns)
+			break;
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_nsec += 2000000;
+		if (ts.tv_nsec >= 1000000000) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000;
+		}
+		pthread_cond_timedwait(&srv->work, &srv->lock, &ts);
+	}
+	for (struct conn *c = srv->conns; c; c = c->next)
+		if (!c->dead && c->rg.n_ovf)
+			log_msg(LOG_WARNING, "drain: %u completions for pid %d undelivered: its CQ stayed full",
+				c->rg.n_ovf, (int)c->pid);
+}
+
 void *sched_thread(void *arg)
 {
 	struct server *srv = arg;
@@ -714,7 +802,7 @@ void *sched_thread(void *arg)
 		engine_pool_stats(srv->eng, &srv->pool_stats);
 		if (srv->stopping && (!any_work(srv) || log_now_ns() >= srv->drain_deadline_ns || !sc)) {
 			cancel_everything(srv);
-			wake_clients(srv);
+			drain_held(srv);
 			break;
 		}
 		if (n == 0)

@@ -31,21 +31,39 @@ static void on_kick(struct loop *l, struct loop_op *op, int res, int more);
 
 struct uid_usage *server_uid(struct server *srv, uid_t uid)
 {
-	for (uint32_t i = 0; i < srv->n_uids; i++)
-		if (srv->uids[i].uid == uid)
-			return &srv->uids[i];
-	/* Records live in a fixed array and are never removed, so pointers to them stay valid. */
+	for (struct uid_usage *u = srv->uids; u; u = u->next)
+		if (u->uid == uid)
+			return u;
 	return NULL;
 }
 
-static struct uid_usage *uid_add(struct server *srv, uid_t uid)
+struct uid_usage *server_uid_get(struct server *srv, uid_t uid)
 {
 	struct uid_usage *u = server_uid(srv, uid);
-	if (u || srv->n_uids >= SRV_MAX_UIDS)
-		return u;
-	u = &srv->uids[srv->n_uids++];
-	*u = (struct uid_usage){ .uid = uid };
+	if (!u) {
+		/* Each record is its own allocation: conns hold pointers to it. */
+		if (!(u = calloc(1, sizeof(*u))))
+			return NULL;
+		u->uid = uid;
+		u->next = srv->uids;
+		srv->uids = u;
+		srv->n_uids++;
+	}
+	u->conns++;
 	return u;
+}
+
+void server_uid_put(struct server *srv, struct uid_usage *u)
+{
+	if (--u->conns)
+		return;
+	for (struct uid_usage **pp = &srv->uids; *pp; pp = &(*pp)->next)
+		if (*pp == u) {
+			*pp = u->next;
+			break;
+		}
+	srv->n_uids--;
+	free(u);
 }
 
 /* ---- connections ---- */
@@ -182,42 +200,76 @@ static void on_accept_retry(struct loop *l, struct loop_op *op, int res, int mor
 		loop_accept_multishot(l, &srv->accept_op, srv->listen_fd);
 }
 
+/*
+ * Say no to a connection at once, before it says anything: one ERROR reply
+ * of sequence 0 (libkvclient takes it as the answer to its HELLO), then
+ * close. Nothing of the daemon stays held for it.
+ */
+static void refuse(int fd, int status)
+{
+	struct kvd_msg_hdr r = { .magic = KVD_MAGIC, .type = KVD_MSG_ERROR, .flags = KVD_MSGF_REPLY,
+				 .len = sizeof(r), .status = status };
+	if (send(fd, &r, sizeof(r), MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
+		log_msg(LOG_DEBUG, "refusal not sent: %s", strerror(errno));
+	/*
+	 * Closing with the client's HELLO unread would reset the connection
+	 * and lose the refusal: stop it sending, drop what it sent, then close.
+	 */
+	shutdown(fd, SHUT_RDWR);
+	char buf[SRV_RXBUF];
+	while (recv(fd, buf, sizeof(buf), MSG_DONTWAIT) > 0)
+		;
+	close(fd);
+}
+
+/* A new connection on fd: its peer's credentials, its uid's record and limit, its first receive. */
+static void add_conn(struct server *srv, int fd)
+{
+	struct conn *c = calloc(1, sizeof(*c));
+	struct ucred cred;
+	socklen_t cl = sizeof(cred);
+	if (!c || getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl)) {
+		free(c);
+		close(fd);
+		return;
+	}
+	c->srv = srv;
+	c->fd = fd;
+	c->pid = cred.pid;
+	c->uid = cred.uid;
+	c->gid = cred.gid;
+	region_init(&c->rg);
+	c->recv_op = (struct loop_op){ .cb = on_recv, .data = c };
+	pthread_mutex_lock(&srv->lock);
+	int status = (c->use = server_uid_get(srv, c->uid)) ? 0 : -ENOMEM;
+	/* One uid's connections must leave file descriptors for everyone else's. */
+	if (!status && c->use->conns > srv->cfg.max_uid_conns) {
+		server_uid_put(srv, c->use);
+		status = -EMFILE;
+	}
+	if (status) {
+		pthread_mutex_unlock(&srv->lock);
+		log_msg(LOG_WARNING, "refused pid %d uid %u: %s", (int)c->pid, (unsigned)c->uid,
+			status == -EMFILE ? "its uid holds max-uid-connections already" : strerror(-status));
+		refuse(fd, status);
+		free(c);
+		return;
+	}
+	c->next = srv->conns;
+	srv->conns = c;
+	srv->n_conns++;
+	pthread_mutex_unlock(&srv->lock);
+	log_msg(LOG_DEBUG, "connection from pid %d uid %u", (int)c->pid, (unsigned)c->uid);
+	KVD_PROBE(conn_open, c->pid, c->uid);
+	if (arm_recv(srv, c))
+		conn_hangup(srv, c);
+}
+
 static void on_accept(struct loop *l, struct loop_op *op, int res, int more)
 {
 	struct server *srv = op->data;
 	if (res >= 0) {
-		struct conn *c = calloc(1, sizeof(*c));
-		struct ucred cred;
-		socklen_t cl = sizeof(cred);
-		if (!c || getsockopt(res, SOL_SOCKET, SO_PEERCRED, &cred, &cl)) {
-			free(c);
-			close(res);
-		} else {
-			c->srv = srv;
-			c->fd = res;
-			c->pid = cred.pid;
-			c->uid = cred.uid;
-			c->gid = cred.gid;
-			region_init(&c->rg);
-			c->recv_op = (struct loop_op){ .cb = on_recv, .data = c };
-			pthread_mutex_lock(&srv->lock);
-			c->use = uid_add(srv, c->uid);
-			if (!c->use) {
-				pthread_mutex_unlock(&srv->lock);
-				log_msg(LOG_WARNING, "too many distinct uids; refusing pid %d", (int)c->pid);
-				close(res);
-				free(c);
-				goto rearm;
-			}
-			c->next = srv->conns;
-			srv->conns = c;
-			srv->n_conns++;
-			pthread_mutex_unlock(&srv->lock);
-			log_msg(LOG_DEBUG, "connection from pid %d uid %u", (int)c->pid, (unsigned)c->uid);
-			KVD_PROBE(conn_open, c->pid, c->uid);
-			if (arm_recv(srv, c))
-				conn_hangup(srv, c);
-		}
+		add_conn(srv, res);
 	} else if (res == -EMFILE || res == -ENFILE) {
 		if (shed_connection(srv, res) && !more && !srv->stopping && srv->listen_fd >= 0) {
 			/* Not even a spare fd: look again in 100 ms. */
@@ -227,7 +279,6 @@ static void on_accept(struct loop *l, struct loop_op *op, int res, int more)
 	} else if (res != -ECANCELED) {
 		log_msg(LOG_WARNING, "accept: %s", strerror(-res));
 	}
-rearm:
 	if (!more && !srv->stopping && srv->listen_fd >= 0)
 		loop_accept_multishot(l, &srv->accept_op, srv->listen_fd);
 }
@@ -274,6 +325,7 @@ static void reap(struct server *srv)
 		srv->n_sessions -= c->n_sessions;
 		c->use->sessions -= c->n_sessions;
 		c->use->arena -= c->rg.bytes;
+		server_uid_put(srv, c->use);
 		server_conn_free(srv, c);
 	}
 	pthread_mutex_unlock(&srv->lock);
@@ -413,10 +465,7 @@ int server_create(struct server **out, const struct server_config *cfg, struct m
 	srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	pthread_mutex_init(&srv->lock, NULL);
 	pthread_cond_init(&srv->work, NULL);
-	int rc = -ENOMEM;
-	srv->uids = calloc(SRV_MAX_UIDS, sizeof(*srv->uids));
-	if (!srv->uids)
-		goto err;
+	int rc;
 	if ((rc = engine_create(&srv->eng, m, be, pool, cfg->max_batch_rows))) {
 		log_msg(LOG_ERR, "engine: %s", strerror(-rc));
 		goto err;
@@ -501,6 +550,11 @@ void server_destroy(struct server *srv)
 		srv->conns = c->next;
 		server_conn_free(srv, c);
 	}
+	while (srv->uids) {
+		struct uid_usage *u = srv->uids;
+		srv->uids = u->next;
+		free(u);
+	}
 	if (srv->listen_fd >= 0) {
 		close(srv->listen_fd);
 		if (!srv->activated)
@@ -518,7 +572,6 @@ void server_destroy(struct server *srv)
 	engine_destroy(srv->eng);
 	pthread_mutex_destroy(&srv->lock);
 	pthread_cond_destroy(&srv->work);
-	free(srv->uids);
 	free(srv);
 }
 

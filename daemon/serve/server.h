@@ -23,7 +23,6 @@ struct tokenizer;
 struct backend;
 
 #define SRV_RXBUF 1024		/* a control message is smaller */
-#define SRV_MAX_UIDS 4096	/* distinct uids the per-uid table holds */
 
 struct conn {
 	struct server *srv;
@@ -51,6 +50,7 @@ struct conn {
 	int dead;			/* hung up: the engine thread releases everything */
 	int released;			/* ... and has: the loop thread frees it */
 	int closing_ops;		/* loop ops being cancelled */
+	int vocab_sent;			/* its HELLO reply carried the vocabulary fd */
 };
 
 struct server {
@@ -75,6 +75,7 @@ struct server {
 	uint64_t reap_val;
 	int vocab_fd;
 	uint32_t vocab_bytes;
+	uint32_t max_token_bytes;	/* the longest text one token stands for: bounds a text prompt */
 	int spare_fd;			/* /dev/null, given up to refuse a client when out of fds */
 
 	pthread_mutex_t lock;		/* guards everything below and the conns */
@@ -94,7 +95,7 @@ struct server {
 	uint64_t n_steps;
 	uint64_t n_preemptions;
 	uint64_t next_req_id;
-	struct uid_usage *uids;		/* (n_uids,) */
+	struct uid_usage *uids;		/* the uids with connections, a list of n_uids */
 	uint32_t n_uids;
 };
 
@@ -151,8 +152,12 @@ void server_destroy(struct server *srv);
  * NULL) gets that set.
  */
 void server_block_signals(sigset_t *out);
-/* The usage record of uid, or NULL when it has none; lock held. */
+/* Lock held: the usage record of uid, or NULL when it has no connection. */
 struct uid_usage *server_uid(struct server *srv, uid_t uid);
+/* Lock held: uid's record (made on its first connection) with one more connection; NULL: no memory. */
+struct uid_usage *server_uid_get(struct server *srv, uid_t uid);
+/* Lock held: one connection of u fewer; its record goes with the last. */
+void server_uid_put(struct server *srv, struct uid_usage *u);
 /* Free everything of a connection the engine thread has released (loop thread). */
 void server_conn_free(struct server *srv, struct conn *c);
 /* Ask the loop thread to look for released connections. */

@@ -15,6 +15,7 @@ struct server_config {
 	uint32_t max_slots;	/* per session */
 	uint32_t max_tokens;	/* per request, prompt plus generated */
 	uint32_t max_inflight;	/* requests in flight per connection */
+	uint32_t max_uid_conns;		/* connections of one uid */
 	uint32_t max_uid_sessions;	/* sessions of one uid, all connections together */
 	uint32_t max_uid_inflight;	/* requests in flight of one uid */
 	uint64_t max_uid_arena;		/* shared-region bytes of one uid */

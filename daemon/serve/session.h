@@ -60,9 +60,14 @@ struct session {
 	struct slot *slots;		/* (n_slots,) */
 };
 
-/* What one uid holds across its connections, for the per-uid limits. */
+/*
+ * What one uid holds across its connections, for the per-uid limits. One
+ * record per uid with connections: it goes with the last of them.
+ */
 struct uid_usage {
+	struct uid_usage *next;
 	uid_t uid;
+	uint32_t conns;
 	uint32_t sessions;
 	uint32_t inflight;
 	uint64_t arena;

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "daemon/model/gguf.h"
+#include "daemon/model/model.h"
 #include "daemon/tokenizer/tokenizer.h"
 #include "daemon/tokenizer/tokenizer_int.h"
 #include "daemon/tokenizer/unicode.h"
@@ -257,6 +258,31 @@ err_free:
 		log_errf(err, errlen, 0, "tokenizer: out of memory");
 	tokenizer_destroy(t);
 	return ret;
+}
+
+int tokenizer_for_model(struct tokenizer **out, const struct model *m, char *err, size_t errlen)
+{
+	struct tokenizer *t;
+	int rc = tokenizer_create(&t, m->gguf, err, errlen);
+	if (rc)
+		return rc;
+	uint32_t n = tokenizer_vocab_size(t), rows = m->hp.vocab;
+	const struct { const char *what; uint32_t id; } special[] = {
+		{ "BOS", tokenizer_bos(t) }, { "EOS", tokenizer_eos(t) }, { "EOT", tokenizer_eot(t) },
+	};
+	if (n > rows)
+		rc = log_errf(err, errlen, -EINVAL, "the tokenizer has %u tokens but the embedding only "
+			      "%u rows: ids from %u up would have no embedding", n, rows, rows);
+	for (size_t i = 0; !rc && i < sizeof(special) / sizeof(special[0]); i++)
+		if (special[i].id != TOK_NONE && special[i].id >= rows)
+			rc = log_errf(err, errlen, -EINVAL, "the %s token %u is outside the embedding's "
+				      "%u rows", special[i].what, special[i].id, rows);
+	if (rc) {
+		tokenizer_destroy(t);
+		return rc;
+	}
+	*out = t;
+	return 0;
 }
 
 void tokenizer_destroy(struct tokenizer *t)

@@ -23,6 +23,14 @@ int tokenizer_create(struct tokenizer **out, const struct gguf_file *f,
 		     char *err, size_t errlen);
 void tokenizer_destroy(struct tokenizer *t);
 
+struct model;
+/*
+ * The tokenizer of model m, refused (-EINVAL, err says which) when it can
+ * produce an id the model's embedding has no row for: a vocabulary larger
+ * than the embedding, or a special token outside it.
+ */
+int tokenizer_for_model(struct tokenizer **out, const struct model *m, char *err, size_t errlen);
+
 uint32_t tokenizer_vocab_size(const struct tokenizer *t);
 uint32_t tokenizer_bos(const struct tokenizer *t);	/* TOK_NONE if none */
 uint32_t tokenizer_eos(const struct tokenizer *t);	/* TOK_NONE if none */

@@ -10,12 +10,14 @@
 /*
  * x = n ln2 + r with |r| <= ln2/2 (ln2 split in two for an exact
  * reduction); e^r by its degree-7 Taylor polynomial (error < 1e-8), then
- * scaled by 2^n built in the exponent bits. Clamped to the normal range.
+ * scaled by 2^n built in the exponent bits. Clamped to the normal range;
+ * a NaN is taken as the lower bound (never an out-of-range shift below).
  */
 static inline float expf_inline(float x)
 {
-	x = x < -87.3f ? -87.3f : x;
-	x = x > 88.3f ? 88.3f : x;
+	/* Written so a NaN fails both tests and lands on the lower clamp, as _mm256_max_ps takes it. */
+	x = x > -87.3f ? x : -87.3f;
+	x = x < 88.3f ? x : 88.3f;
 	float n = nearbyintf(x * 1.44269504088896341f);
 	float r = fmaf(n, -0.693145751953125f, x);
 	r = fmaf(n, -1.428606765330187e-06f, r);

@@ -105,11 +105,9 @@ static inline struct conn *fz_conn_new(struct server *srv, int *client)
 	c->uid = getuid();
 	c->gid = getgid();
 	region_init(&c->rg);
-	c->use = server_uid(srv, c->uid);
-	if (!c->use) {
-		c->use = &srv->uids[srv->n_uids++];
-		*c->use = (struct uid_usage){ .uid = c->uid };
-	}
+	c->use = server_uid_get(srv, c->uid);
+	if (!c->use)
+		fz_die("uid record", "out of memory");
 	srv->n_conns++;
 	*client = sv[1];
 	return c;
@@ -175,6 +173,9 @@ static inline void fz_conn_free(struct server *srv, struct conn *c, int client)
 	c->use->arena -= c->rg.bytes;
 	if (c->use->sessions || c->use->arena || srv->n_sessions || srv->n_conns)
 		fz_die("released connection", "session or arena accounting off");
+	server_uid_put(srv, c->use);
+	if (srv->n_uids)
+		fz_die("released connection", "its uid's record outlives its last connection");
 	server_conn_free(srv, c);
 }
 
