@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include "daemon/model/gguf.h"
+#include "daemon/model/model.h"
 #include "daemon/tokenizer/tokenizer.h"
 #include "tests/lib/fixture.h"
 
@@ -708,6 +709,51 @@ static void test_pre_names(void **state)
 	free(b.p);
 }
 
+/*
+ * Issue #20, item 6: a GGUF whose tokenizer has more tokens than the
+ * embedding has rows. Every id the tokenizer can produce (and the special
+ * ids the daemon hands out) indexes token_embd and the output matrix, so
+ * such a model must be refused at load: tokenizer_for_model() returns
+ * -EINVAL, its message naming the embedding, when tokenizer_vocab_size()
+ * or a BOS/EOS/EOT id does not fit below m->hp.vocab; with the model's own
+ * hyperparameters it succeeds. The mismatch is made by lowering hp.vocab on
+ * the loaded model (restored before any assertion can end the test).
+ */
+static void test_tokenizer_for_model(void **state)
+{
+	(void)state;
+	struct fixture fx;
+	char err[256] = "";
+	int rc = fixture_load(&fx, err, sizeof(err));
+	if (rc) {
+		print_message("skipped: %s\n", err);
+		skip();
+	}
+	struct tokenizer *t = NULL;
+	err[0] = 0;
+	rc = tokenizer_for_model(&t, fx.m, err, sizeof(err));
+	if (!rc) {
+		assert_non_null(t);
+		assert_int_equal(tokenizer_vocab_size(t), tokenizer_vocab_size(fx.tok));
+		tokenizer_destroy(t);
+	}
+	const uint32_t real = fx.m->hp.vocab;
+	/* 1000 rows: below the 49152 tokens, and above BOS/EOS/EOT (1, 2, 2). */
+	fx.m->hp.vocab = 1000;
+	struct tokenizer *bad = NULL;
+	char bad_err[256] = "";
+	int bad_rc = tokenizer_for_model(&bad, fx.m, bad_err, sizeof(bad_err));
+	fx.m->hp.vocab = real;
+	if (!bad_rc)
+		tokenizer_destroy(bad);
+	fixture_close(&fx);
+	if (rc)
+		fail_msg("tokenizer_for_model on the real model: %d (%s)", rc, err);
+	assert_int_equal(bad_rc, -EINVAL);
+	if (!strstr(bad_err, "embedding"))
+		fail_msg("the error does not name the embedding: '%s'", bad_err);
+}
+
 static int test_tokenizer_synthetic(void)
 {
 	const struct CMUnitTest synth[] = {
@@ -731,6 +777,11 @@ int main(void)
 		cmocka_unit_test(test_range),
 	};
 	int fails = cmocka_run_group_tests_name("tokenizer_model", model, group_setup, group_teardown);
+
+	const struct CMUnitTest load[] = {
+		cmocka_unit_test(test_tokenizer_for_model),
+	};
+	fails += cmocka_run_group_tests_name("tokenizer_for_model", load, NULL, NULL);
 
 	return fails + test_tokenizer_synthetic();
 }
