@@ -1,5 +1,5 @@
 /*
- * sched.h — the engine thread: continuous batching policy over the
+ * sched.h — continuous batching policy over the
  * server's requests (which rows each step runs, who is preempted when the
  * pool is full, how prefill rows are shared between clients, the per-uid
  * KV quota). It reaches clients only through release.c and the region API,
@@ -35,7 +35,11 @@ uint32_t sched_rows(const struct sched *sc, const struct engine_row **rows,
  */
 void sched_run(struct sched *sc);
 
-/* The engine thread's body (arg: struct server *); returns when the drain is done. */
-void *sched_thread(void *arg);
+/*
+ * srv->lock held. The step boundary alone: hang-ups released, closed
+ * sessions freed, held completions flushed, SQs drained (sched_plan does
+ * this first).
+ */
+void sched_housekeeping(struct server *srv);
 
 #endif

@@ -16,9 +16,9 @@
 #include "daemon/log.h"
 #include "daemon/model/model.h"
 #include "daemon/probes.h"
-#include "daemon/serve/sched.h"
 #include "daemon/serve/server.h"
 #include "daemon/serve/service.h"
+#include "daemon/serve/worker.h"
 #include "daemon/tokenizer/tokenizer.h"
 #include "kernels/backend.h"
 #include "shm/kvring.h"
@@ -515,7 +515,7 @@ int server_run(struct server *srv)
 			       sizeof(srv->reap_val));
 	if (rc)
 		return rc;
-	if ((rc = pthread_create(&srv->engine_thread, NULL, sched_thread, srv)))
+	if ((rc = pthread_create(&srv->engine_thread, NULL, worker_main, srv)))
 		return -rc;
 	log_msg(LOG_NOTICE, "listening on %s%s", srv->socket_name,
 		srv->activated ? " (socket from systemd)" : "");
