@@ -96,11 +96,7 @@ static int teardown(void **state)
 
 static void start(const char *const *args)
 {
-	const char *why = kp_no_uring();
-	if (why) {
-		print_message("skipped: %s\n", why);
-		skip();
-	}
+	kp_skip_without_uring();
 	assert_int_equal(kp_start(&D, args), 0);
 }
 
@@ -488,20 +484,8 @@ static void patched_model(uint32_t ctx)
 /* kp_start() on the patched model: $KVD_MODEL names it only while the daemon starts. */
 static void start_on_patched(const char *const *args)
 {
-	const char *why = kp_no_uring();
-	if (why) {
-		print_message("skipped: %s\n", why);
-		skip();
-	}
-	char *old = getenv("KVD_MODEL") ? strdup(getenv("KVD_MODEL")) : NULL;
-	setenv("KVD_MODEL", MODEL_PATH, 1);
-	int rc = kp_start(&D, args);
-	if (old) {
-		setenv("KVD_MODEL", old, 1);
-		free(old);
-	} else {
-		unsetenv("KVD_MODEL");
-	}
+	kp_skip_without_uring();
+	int rc = kp_start_model(&D, MODEL_PATH, args);
 	assert_int_equal(rc, 0);
 }
 

@@ -89,18 +89,9 @@ static int teardown(void **state)
 	return 0;
 }
 
-static void need_uring(void)
-{
-	const char *why = kp_no_uring();
-	if (why) {
-		print_message("skipped: %s\n", why);
-		skip();
-	}
-}
-
 static void need_root(void)
 {
-	need_uring();
+	kp_skip_without_uring();
 	const char *why = NULL;
 	struct group *g = NULL;
 	if (geteuid() != 0)
@@ -116,7 +107,7 @@ static void need_root(void)
 
 static void start(const char *const *args)
 {
-	need_uring();
+	kp_skip_without_uring();
 	assert_int_equal(kp_start(&D, args), 0);
 }
 
@@ -311,7 +302,7 @@ static int send_bounded(struct wire *r, const void *msg, size_t len)
 static void test_unread_fd_replies(void **state)
 {
 	(void)state;
-	need_uring();
+	kp_skip_without_uring();
 	if (geteuid() != 0 || !can_drop_caps()) {
 		print_message("skipped: cannot start a daemon without CAP_SYS_RESOURCE and CAP_SYS_ADMIN "
 			      "(needs root with CAP_SETPCAP)\n");
@@ -821,6 +812,21 @@ static int copy_file(const char *from, const char *to, mode_t mode)
 	return rc;
 }
 
+/* The default model copied to model_copy (mode mode) in a directory of its own; the teardown removes both. */
+static void copy_model(mode_t mode)
+{
+	snprintf(model_dir, sizeof(model_dir), "/tmp/kvd-model.XXXXXX");
+	if (!mkdtemp(model_dir)) {
+		model_dir[0] = 0;
+		fail_msg("mkdtemp: %s", strerror(errno));
+	}
+	chmod(model_dir, 0755);
+	snprintf(model_copy, sizeof(model_copy), "%s/model.gguf", model_dir);
+	int rc = copy_file(kp_model(), model_copy, mode);
+	if (rc)
+		fail_msg("copying %s: %s", kp_model(), strerror(-rc));
+}
+
 /*
  * Item 13: the model file is writable by others (0666); the daemon serves
  * it, then someone truncates it to 0 bytes. Today the weights are mapped
@@ -832,27 +838,10 @@ static int copy_file(const char *from, const char *to, mode_t mode)
 static void test_model_truncated(void **state)
 {
 	(void)state;
-	need_uring();
-	snprintf(model_dir, sizeof(model_dir), "/tmp/kvd-model.XXXXXX");
-	if (!mkdtemp(model_dir)) {
-		model_dir[0] = 0;
-		fail_msg("mkdtemp: %s", strerror(errno));
-	}
-	chmod(model_dir, 0755);
-	snprintf(model_copy, sizeof(model_copy), "%s/model.gguf", model_dir);
-	int rc = copy_file(kp_model(), model_copy, 0666);
-	if (rc)
-		fail_msg("copying %s: %s", kp_model(), strerror(-rc));
-	char *old = getenv("KVD_MODEL") ? strdup(getenv("KVD_MODEL")) : NULL;
-	setenv("KVD_MODEL", model_copy, 1);
+	kp_skip_without_uring();
+	copy_model(0666);
 	static const char *const args[] = { "--threads", "1", NULL };
-	rc = kp_start(&D, args);
-	if (old) {
-		setenv("KVD_MODEL", old, 1);
-		free(old);
-	} else {
-		unsetenv("KVD_MODEL");
-	}
+	int rc = kp_start_model(&D, model_copy, args);
 	assert_int_equal(rc, 0);
 	assert_int_equal(generate8(8), 8);
 	assert_int_equal(truncate(model_copy, 0), 0);
@@ -933,30 +922,13 @@ static int set_rows(const char *path, const char *name, uint64_t rows)
 static void test_model_vocab_mismatch(void **state)
 {
 	(void)state;
-	need_uring();
-	snprintf(model_dir, sizeof(model_dir), "/tmp/kvd-model.XXXXXX");
-	if (!mkdtemp(model_dir)) {
-		model_dir[0] = 0;
-		fail_msg("mkdtemp: %s", strerror(errno));
-	}
-	chmod(model_dir, 0755);
-	snprintf(model_copy, sizeof(model_copy), "%s/model.gguf", model_dir);
-	int rc = copy_file(kp_model(), model_copy, 0644);
-	if (rc)
-		fail_msg("copying %s: %s", kp_model(), strerror(-rc));
+	kp_skip_without_uring();
+	copy_model(0644);
 	assert_int_equal(set_rows(model_copy, "token_embd.weight", 1000), 0);
 	assert_int_equal(set_rows(model_copy, "output.weight", 1000), 0);
 
-	char *old = getenv("KVD_MODEL") ? strdup(getenv("KVD_MODEL")) : NULL;
-	setenv("KVD_MODEL", model_copy, 1);
 	static const char *const args[] = { "--threads", "1", NULL };
-	rc = kp_start(&D, args);
-	if (old) {
-		setenv("KVD_MODEL", old, 1);
-		free(old);
-	} else {
-		unsetenv("KVD_MODEL");
-	}
+	int rc = kp_start_model(&D, model_copy, args);
 	if (!rc)
 		fail_msg("kvd serves a model with 49152 tokens and 1000 embedding rows");
 	assert_int_equal(rc, -ECHILD);

@@ -18,11 +18,7 @@ static struct kvd_proc D;
 
 static void start(const char *const *args)
 {
-	const char *why = kp_no_uring();
-	if (why) {
-		print_message("skipped: %s\n", why);
-		skip();
-	}
+	kp_skip_without_uring();
 	assert_int_equal(kp_start(&D, args), 0);
 }
 
@@ -290,11 +286,7 @@ static void test_fd_limit_at_start(void **state)
 {
 	(void)state;
 	static const char *const args[] = { "--threads", "1", NULL };
-	const char *why = kp_no_uring();
-	if (why) {
-		print_message("skipped: %s\n", why);
-		skip();
-	}
+	kp_skip_without_uring();
 	assert_int_equal(kp_start_ex(&D, args, nofile_32, NULL), 0);
 	assert_idle();
 	kp_sleep_ms(200);

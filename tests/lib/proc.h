@@ -81,6 +81,16 @@ static inline const char *kp_no_uring(void)
 	return NULL;
 }
 
+/* A test that needs io_uring skips, saying why, where it is unavailable. */
+static inline void kp_skip_without_uring(void)
+{
+	const char *why = kp_no_uring();
+	if (why) {
+		print_message("skipped: %s\n", why);
+		skip();
+	}
+}
+
 /* The last 4 KiB of a daemon's log, for a failing test's output. */
 static inline void kp_file_tail(const char *path)
 {
@@ -247,6 +257,21 @@ static inline int kp_start_ex(struct kvd_proc *d, const char *const *extra,
 static inline int kp_start(struct kvd_proc *d, const char *const *extra)
 {
 	return kp_start_ex(d, extra, NULL, NULL);
+}
+
+/* kp_start() on another model file than $KVD_MODEL's (a patched or copied one). */
+static inline int kp_start_model(struct kvd_proc *d, const char *model, const char *const *extra)
+{
+	char *old = getenv("KVD_MODEL") ? strdup(getenv("KVD_MODEL")) : NULL;
+	setenv("KVD_MODEL", model, 1);
+	int rc = kp_start(d, extra);
+	if (old) {
+		setenv("KVD_MODEL", old, 1);
+		free(old);
+	} else {
+		unsetenv("KVD_MODEL");
+	}
+	return rc;
 }
 
 /* A pre_exec for kp_start_ex: dir (a string) becomes the child's $KVD_BPF_PIN_DIR. */
