@@ -67,7 +67,10 @@
 #define KVD_FEAT_SAMPLING      (1U << 4) /* temperature/top-k/top-p/min-p/penalty */
 #define KVD_FEAT_VOCAB         (1U << 5) /* HELLO reply passes the vocabulary memfd */
 #define KVD_FEAT_TEXT          (1U << 6) /* KVD_SQE_TEXT / KVD_SQE_CHAT prompts */
-#define KVD_FEAT_ALL           ((1U << 7) - 1)
+#define KVD_FEAT_PLAIN_TEXT    (1U << 7) /* KVD_SQE_PLAIN / KVD_SQE_SPECIAL choose how text is read */
+#define KVD_FEAT_SYSTEM        (1U << 8) /* CHAT prompts may carry a system message */
+#define KVD_FEAT_PROGRESS      (1U << 9) /* KVD_SQE_PROGRESS: prefill progress CQEs */
+#define KVD_FEAT_ALL           ((1U << 10) - 1)
 
 /* ------------------------------------------------------------------------ */
 /* Control messages: one per SOCK_SEQPACKET datagram, requests and replies. */
@@ -305,8 +308,15 @@ enum kvd_op {
 #define KVD_SQE_TEXT		(1U << 3) /* the prompt is n_tokens bytes of UTF-8 text at tokens_off,
 					   * tokenized by the daemon (special tokens parsed) */
 #define KVD_SQE_CHAT		(1U << 4) /* with TEXT: a user turn, rendered with the model's
-					   * chat template (the whole prompt, or the next turn with APPEND) */
-#define KVD_SQE_FLAGS_ALL	((1U << 5) - 1)
+					   * chat template (the whole prompt, or the next turn with APPEND);
+					   * the message text is plain text unless SPECIAL is set */
+#define KVD_SQE_PLAIN		(1U << 5) /* with TEXT: plain text: a special token's spelling in it
+					   * ("<|im_end|>") is ordinary text, never the control token */
+#define KVD_SQE_SPECIAL		(1U << 6) /* with TEXT|CHAT: parse special tokens in the message text
+					   * too (for trusted text only); not with PLAIN */
+#define KVD_SQE_PROGRESS	(1U << 7) /* PREFILL/GENERATE: post KVD_CQE_PROGRESS CQEs as the prompt
+					   * is prefilled (at most one per engine step) */
+#define KVD_SQE_FLAGS_ALL	((1U << 8) - 1)
 
 /* kvd_sqe.priority */
 #define KVD_PRIO_INTERACTIVE	0
@@ -338,7 +348,10 @@ struct kvd_sqe {
 	__u16	repeat_last_n;	/* window of the penalty, in tokens */
 	__u32	slot;		/* sequence slot within the session */
 	__u64	target_user_data; /* CANCEL: the request to cancel; else zero */
-	__u64	resv[8];	/* zero */
+	__u32	system_off;	/* TEXT|CHAT: arena byte offset of a system message (UTF-8) */
+	__u32	system_len;	/* its length in bytes; 0: none. Rendered before the user turn,
+				 * plain text unless SPECIAL; nonzero without CHAT is -EINVAL */
+	__u64	resv[7];	/* zero */
 };
 
 /* kvd_cqe.flags */
@@ -347,6 +360,10 @@ struct kvd_sqe {
 #define KVD_CQE_LENGTH		(1U << 2) /* stopped at max_tokens or the context length */
 #define KVD_CQE_CANCELLED	(1U << 3) /* stopped by CANCEL or session close */
 #define KVD_CQE_PREFIX_HIT	(1U << 4) /* part of the prompt came from the prefix cache */
+#define KVD_CQE_SHUTDOWN	(1U << 5) /* with CANCELLED: the daemon is shutting down, not a CANCEL
+					   * or session close (res = tokens produced, as for a cancel) */
+#define KVD_CQE_PROGRESS	(1U << 6) /* with MORE: prefill progress, not a token: res = prompt
+					   * positions cached so far, aux = positions in all */
 
 /* 32 bytes. */
 struct kvd_cqe {
@@ -356,7 +373,8 @@ struct kvd_cqe {
 	__u32	token;		/* streaming: the newest token id; else the last one */
 	__u32	n_out;		/* tokens written at out_off so far */
 	__u32	slot;		/* sequence slot, from the SQE */
-	__u32	resv;		/* zero */
+	__u32	aux;		/* PROGRESS: prompt positions in all; res -E2BIG: positions the
+				 * request needs (cached + prompt + max_tokens); else 0 */
 };
 
 #endif /* _UAPI_KVD_H */

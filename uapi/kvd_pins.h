@@ -132,7 +132,9 @@ KVD_PIN(struct kvd_sqe, repeat_penalty_milli, 48);
 KVD_PIN(struct kvd_sqe, repeat_last_n, 50);
 KVD_PIN(struct kvd_sqe, slot, 52);
 KVD_PIN(struct kvd_sqe, target_user_data, 56);
-KVD_PIN(struct kvd_sqe, resv, 64);
+KVD_PIN(struct kvd_sqe, system_off, 64);
+KVD_PIN(struct kvd_sqe, system_len, 68);
+KVD_PIN(struct kvd_sqe, resv, 72);
 
 KVD_PIN_SIZE(struct kvd_cqe, 32);
 KVD_PIN(struct kvd_cqe, user_data, 0);
@@ -141,6 +143,6 @@ KVD_PIN(struct kvd_cqe, flags, 12);
 KVD_PIN(struct kvd_cqe, token, 16);
 KVD_PIN(struct kvd_cqe, n_out, 20);
 KVD_PIN(struct kvd_cqe, slot, 24);
-KVD_PIN(struct kvd_cqe, resv, 28);
+KVD_PIN(struct kvd_cqe, aux, 28);
 
 #endif /* _UAPI_KVD_PINS_H */

@@ -25,7 +25,9 @@ static int range_ok(uint32_t arena_bytes, uint32_t off, uint64_t bytes, uint32_t
 int validate_sqe_op(const struct kvd_sqe *q)
 {
 	static const __u64 resv_zero[sizeof(q->resv) / sizeof(q->resv[0])];
-	if (q->opcode >= KVD_OP_LAST || (q->flags & ~KVD_SQE_FLAGS_ALL) ||
+	/* PLAIN, SPECIAL, PROGRESS and system messages are in the ABI but not served yet. */
+	const uint32_t served = KVD_SQE_FLAGS_ALL & ~(KVD_SQE_PLAIN | KVD_SQE_SPECIAL | KVD_SQE_PROGRESS);
+	if (q->opcode >= KVD_OP_LAST || (q->flags & ~served) || q->system_off || q->system_len ||
 	    q->priority > KVD_PRIO_BACKGROUND || memcmp(q->resv, resv_zero, sizeof(q->resv)))
 		return -EINVAL;
 	return 0;
