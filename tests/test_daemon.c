@@ -645,7 +645,7 @@ static void sqe_mangle(struct wire *r, struct kvd_sqe *q, enum sqe_bad bad)
 		*q = (struct kvd_sqe){ .opcode = KVD_OP_CANCEL, .session_id = q->session_id,
 				       .user_data = q->user_data, .target_user_data = 12345 };
 		break;
-	case SB_RESV: q->resv[7] = 1; break;
+	case SB_RESV: q->resv[6] = 1; break;
 	}
 }
 
