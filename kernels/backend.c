@@ -1,6 +1,7 @@
 /* backend.c — choosing and creating a compute backend at run time, and loading the CUDA one. */
 #include <dlfcn.h>
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -84,6 +85,10 @@ static int load_from(const char *dir)
 	snprintf(path, sizeof(cuda_so.path), "%s/%s", dir, KB_CUDA_SONAME);
 	if (access(path, F_OK))
 		return -ENOENT;
+	/* The log names the file itself, not the way there (bin/../lib/kvd). */
+	char real[PATH_MAX];
+	if (realpath(path, real) && strlen(real) < sizeof(cuda_so.path))
+		memcpy(path, real, strlen(real) + 1);
 	/* Never closed: the backend's vtable and the CUDA runtime live in it until exit. */
 	void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
 	if (!h) {
