@@ -202,7 +202,7 @@ static int create_cuda(struct backend **out, const char *choice, const char *pat
 	char err[256] = "";
 	int rc = backend_cuda_create(out, 0, err, sizeof(err));
 	if (rc)
-		snprintf(why, whylen, "%s, but it cannot start: %s", choice, err);
+		snprintf(why, whylen, "%s, but it cannot start: %s", choice, err[0] ? err : strerror(-rc));
 	else
 		snprintf(why, whylen, "%s: %s (%s)", choice, err, path);
 	return rc;
