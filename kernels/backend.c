@@ -1,7 +1,12 @@
-/* backend.c — choosing and creating a compute backend at run time. */
+/* backend.c — choosing and creating a compute backend at run time, and loading the CUDA one. */
+#include <dlfcn.h>
 #include <errno.h>
+#include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "kernels/backend.h"
 
 int backend_parse(const char *name, enum kb_kind *out)
@@ -43,7 +48,138 @@ enum kb_kind backend_choose(enum kb_kind want, int cuda_built, int n_devices, ch
 	return KB_BACKEND_CUDA;
 }
 
-#ifndef KVD_HAVE_CUDA
+/* ---- the CUDA backend's shared object ---- */
+
+#ifndef KVD_BACKEND_LIBDIR
+#define KVD_BACKEND_LIBDIR "/usr/local/lib/kvd"
+#endif
+/* Directories longer than this are not searched (the messages must hold three). */
+#define DIR_MAX 512
+
+static struct {
+	pthread_once_t once;
+	const struct kb_cuda_api *api;
+	char path[DIR_MAX + 32];
+	char why[3 * DIR_MAX + 256];
+} cuda_so = { .once = PTHREAD_ONCE_INIT };
+
+/* The directory of the running binary, or "" when /proc is not there to say. */
+static void exe_dir(char *dir, size_t len)
+{
+	ssize_t n = readlink("/proc/self/exe", dir, len);
+	/* A name that fills the buffer may have been cut: no directory rather than a wrong one. */
+	dir[n > 0 && (size_t)n < len ? n : 0] = '\0';
+	char *slash = strrchr(dir, '/');
+	if (slash)
+		*slash = '\0';
+	else
+		dir[0] = '\0';
+}
+
+/* The object in dir, dlopened and checked; 0, -ENOENT when dir holds none, or -ELIBACC with why filled. */
+static int load_from(const char *dir)
+{
+	char *path = cuda_so.path;
+	if (strlen(dir) >= DIR_MAX)
+		return -ENOENT;
+	snprintf(path, sizeof(cuda_so.path), "%s/%s", dir, KB_CUDA_SONAME);
+	if (access(path, F_OK))
+		return -ENOENT;
+	/* The log names the file itself, not the way there (bin/../lib/kvd). */
+	char real[PATH_MAX];
+	if (realpath(path, real) && strlen(real) < sizeof(cuda_so.path))
+		memcpy(path, real, strlen(real) + 1);
+	/* Never closed: the backend's vtable and the CUDA runtime live in it until exit. */
+	void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	if (!h) {
+		/* The loader names the object only when the object itself is at fault. */
+		const char *err = dlerror();
+		snprintf(cuda_so.why, sizeof(cuda_so.why), "%s%s%s",
+			 strstr(err, path) ? "" : path, strstr(err, path) ? "" : ": ", err);
+		return -ELIBACC;
+	}
+	const struct kb_cuda_api *(*entry)(void) =
+		(const struct kb_cuda_api *(*)(void))dlsym(h, KB_CUDA_ENTRY_NAME);
+	const struct kb_cuda_api *api = entry ? entry() : NULL;
+	if (!api) {
+		snprintf(cuda_so.why, sizeof(cuda_so.why),
+			 "%s has no %s: it was built for another version of kvd", path,
+			 KB_CUDA_ENTRY_NAME);
+	} else if (api->abi != KB_CUDA_ABI || api->ops_size != sizeof(struct backend_ops)) {
+		snprintf(cuda_so.why, sizeof(cuda_so.why),
+			 "%s has backend ABI %u (vtable of %u bytes), this kvd needs %u (%zu): it was built for another version of kvd",
+			 path, api->abi, api->ops_size, KB_CUDA_ABI, sizeof(struct backend_ops));
+		api = NULL;
+	}
+	if (!api) {
+		dlclose(h);
+		return -ELIBACC;
+	}
+	cuda_so.api = api;
+	return 0;
+}
+
+static void load_once(void)
+{
+	/* A program linked with the object (the CUDA tests) has it already. */
+	const struct kb_cuda_api *(*linked)(void) =
+		(const struct kb_cuda_api *(*)(void))dlsym(RTLD_DEFAULT, KB_CUDA_ENTRY_NAME);
+	Dl_info info;
+	if (linked) {
+		cuda_so.api = linked();
+		snprintf(cuda_so.path, sizeof(cuda_so.path), "%s",
+			 dladdr((void *)linked, &info) && info.dli_fname ? info.dli_fname
+									: KB_CUDA_SONAME);
+		return;
+	}
+	char dirs[3][DIR_MAX], tried[3 * DIR_MAX + 8] = "";
+	int n = 0;
+	/* secure_getenv: a set-id kvd takes no code from its caller's environment. */
+	const char *env = secure_getenv("KVD_BACKEND_DIR");
+	if (env && env[0]) {
+		snprintf(dirs[n++], DIR_MAX, "%s", env);
+	} else {
+		exe_dir(dirs[n], DIR_MAX);
+		if (dirs[n][0]) {
+			snprintf(dirs[n + 1], DIR_MAX, "%.*s/../lib/kvd", DIR_MAX - 16, dirs[n]);
+			n += 2;
+		}
+		snprintf(dirs[n++], DIR_MAX, "%s", KVD_BACKEND_LIBDIR);
+	}
+	for (int i = 0; i < n; i++) {
+		int rc = load_from(dirs[i]);
+		if (rc != -ENOENT)
+			return;
+		size_t used = strlen(tried);
+		snprintf(tried + used, sizeof(tried) - used, "%s%s", used ? ", " : "", dirs[i]);
+	}
+	snprintf(cuda_so.why, sizeof(cuda_so.why), "no %s in %s%s", KB_CUDA_SONAME, tried,
+		 env && env[0] ? " (KVD_BACKEND_DIR)" : "");
+}
+
+const struct kb_cuda_api *backend_cuda_load(char *why, size_t whylen, const char **path)
+{
+	pthread_once(&cuda_so.once, load_once);
+	if (!cuda_so.api)
+		snprintf(why, whylen, "%s", cuda_so.why);
+	if (path)
+		*path = cuda_so.path;
+	return cuda_so.api;
+}
+
+#ifdef KVD_HAVE_CUDA
+int backend_cuda_create(struct backend **out, int dev, char *why, size_t whylen)
+{
+	const struct kb_cuda_api *api = backend_cuda_load(why, whylen, NULL);
+	return api ? api->create(out, dev, why, whylen) : -ELIBACC;
+}
+
+int backend_cuda_devices(char *why, size_t whylen)
+{
+	const struct kb_cuda_api *api = backend_cuda_load(why, whylen, NULL);
+	return api ? api->devices(why, whylen) : 0;
+}
+#else
 int backend_cuda_create(struct backend **out, int dev, char *why, size_t whylen)
 {
 	(void)out;
@@ -59,31 +195,48 @@ int backend_cuda_devices(char *why, size_t whylen)
 }
 #endif
 
+/* CUDA chosen: start it on device 0; why says on what and from which object, or why not. */
+static int create_cuda(struct backend **out, const char *choice, const char *path, char *why,
+		       size_t whylen)
+{
+	char err[256] = "";
+	int rc = backend_cuda_create(out, 0, err, sizeof(err));
+	if (rc)
+		snprintf(why, whylen, "%s, but it cannot start: %s", choice, err[0] ? err : strerror(-rc));
+	else
+		snprintf(why, whylen, "%s: %s (%s)", choice, err, path);
+	return rc;
+}
+
 int backend_create(struct backend **out, enum kb_kind want, uint32_t n_threads, char *why,
 		   size_t whylen)
 {
-	char reason[192] = "", choice[256];
+	char reason[768] = "", choice[256];
+	const char *path = "";
 #ifdef KVD_HAVE_CUDA
 	const int built = 1;
 #else
 	const int built = 0;
 #endif
-	int n_dev = want == KB_BACKEND_CPU ? 0 : backend_cuda_devices(reason, sizeof(reason));
-	enum kb_kind k = backend_choose(want, built, n_dev, choice, sizeof(choice));
-	if (k == KB_BACKEND_CUDA) {
-		char err[192] = "";
-		int rc = backend_cuda_create(out, 0, err, sizeof(err));
-		if (rc) {
-			snprintf(why, whylen, "%s, but it cannot start: %s", choice,
-				 err[0] ? err : reason);
-			return rc;
+	int n_dev = 0;
+	if (want != KB_BACKEND_CPU && built) {
+		if (!backend_cuda_load(reason, sizeof(reason), &path)) {
+			if (want == KB_BACKEND_CUDA) {
+				snprintf(why, whylen, "cuda backend: requested, but it cannot start: "
+					 "CUDA backend not loadable: %s", reason);
+				return -ELIBACC;
+			}
+			snprintf(why, whylen, "cpu backend: auto, CUDA backend not loadable: %s", reason);
+			return backend_cpu_create(out, n_threads);
 		}
-		snprintf(why, whylen, "%s", choice);
-		return 0;
+		n_dev = backend_cuda_devices(reason, sizeof(reason));
 	}
+	enum kb_kind k = backend_choose(want, built, n_dev, choice, sizeof(choice));
+	if (k == KB_BACKEND_CUDA)
+		return create_cuda(out, choice, path, why, whylen);
 	int rc = backend_cpu_create(out, n_threads);
-	if (n_dev <= 0 && reason[0] && want == KB_BACKEND_AUTO && built)
-		snprintf(why, whylen, "%s (%s)", choice, reason);
+	if (n_dev <= 0 && want == KB_BACKEND_AUTO && built)
+		snprintf(why, whylen, "%s (%s: %s)", choice, path, reason);
 	else
 		snprintf(why, whylen, "%s", choice);
 	return rc;

@@ -187,10 +187,50 @@ struct backend {
 int backend_cpu_create(struct backend **out, uint32_t n_threads);
 
 /*
- * The CUDA backend on device dev. -ENODEV when there is no usable device,
- * -ENOSYS when kvd was built without CUDA; why receives the reason.
+ * The CUDA backend on device dev, from its shared object (below). -ENODEV
+ * when there is no usable device, -ELIBACC when the object cannot be
+ * loaded, -ENOSYS when kvd was built without CUDA; why receives the reason.
  */
 int backend_cuda_create(struct backend **out, int dev, char *why, size_t whylen);
+
+/*
+ * The CUDA backend is a shared object of its own, libkvd-cuda.so, so that
+ * kvd links no CUDA library and one kvd binary runs with or without them.
+ * The object exports one function, KB_CUDA_ENTRY, returning this table.
+ * Bump KB_CUDA_ABI, and with it the entry's name, whenever anything in this
+ * header changes layout or meaning: an object built against another
+ * version then lacks the symbol and is refused by name.
+ */
+#define KB_CUDA_ABI 1
+#define KB_CUDA_ENTRY kvd_cuda_backend_v1
+#define KB_CUDA_SONAME "libkvd-cuda.so"
+#define KB_STR_(x) #x
+#define KB_STR(x) KB_STR_(x)
+#define KB_CUDA_ENTRY_NAME KB_STR(KB_CUDA_ENTRY)
+
+struct kb_cuda_api {
+	uint32_t abi;		/* KB_CUDA_ABI of the object's build */
+	uint32_t ops_size;	/* sizeof(struct backend_ops) there */
+	int (*devices)(char *why, size_t whylen);
+	int (*create)(struct backend **out, int dev, char *why, size_t whylen);
+	/* The kernels' block decoder run on the host, for tests (kernels/cuda/hostcheck.h). */
+	int (*host_deq32)(uint32_t type, const void *row, uint32_t k, float *out);
+};
+
+const struct kb_cuda_api *KB_CUDA_ENTRY(void);
+
+/*
+ * The CUDA backend's object, loaded on the first call and kept for the
+ * process's life; NULL when it cannot be, with why saying where it looked
+ * and what failed. A program linked with the object (the CUDA tests) uses
+ * that copy. Otherwise the first of these directories holding
+ * libkvd-cuda.so is used: $KVD_BACKEND_DIR alone when it is set; else the
+ * directory of the running binary (build/ in the tree), ../lib/kvd from
+ * it (an installed tree, wherever it was moved), and the library
+ * directory compiled in (KVD_BACKEND_LIBDIR). path, when not NULL,
+ * receives the object's file name.
+ */
+const struct kb_cuda_api *backend_cuda_load(char *why, size_t whylen, const char **path);
 
 enum kb_kind { KB_BACKEND_AUTO, KB_BACKEND_CPU, KB_BACKEND_CUDA };
 
@@ -209,7 +249,7 @@ enum kb_kind backend_choose(enum kb_kind want, int cuda_built, int n_devices, ch
  */
 int backend_create(struct backend **out, enum kb_kind want, uint32_t n_threads, char *why,
 		   size_t whylen);
-/* Devices the CUDA runtime sees (0 without one, or when built without CUDA). */
+/* Devices the CUDA runtime sees (0 without one, when the object cannot be loaded, or when built without CUDA). */
 int backend_cuda_devices(char *why, size_t whylen);
 
 /* Elements and bytes per block of a type; -EINVAL for an unknown type. */

@@ -1,23 +1,40 @@
 # kernels/ — compute backends. The CPU backend is always built; the CUDA
-# backend when nvcc is available (CUDA=auto) or demanded (CUDA=1).
+# backend, as $(B)/libkvd-cuda.so, when nvcc is available (CUDA=auto) or
+# demanded (CUDA=1).
 # kernels/cuda/*.c holds the CUDA backend's launch planning in plain C: always
 # built, so its unit tests run on machines without nvcc too.
 KERNELS_SRCS := $(wildcard kernels/*.c kernels/cpu/*.c kernels/cuda/*.c)
 KERNELS_OBJS := $(KERNELS_SRCS:%.c=$(B)/%.o)
 
 CUDA_SRCS := $(wildcard kernels/cuda/*.cu)
+# Where `make install` puts libkvd-cuda.so, and the last place kvd looks for it.
+KVD_BACKEND_LIBDIR ?= $(PREFIX)/lib/kvd
+$(B)/kernels/backend.o: CPPFLAGS += -DKVD_BACKEND_LIBDIR='"$(KVD_BACKEND_LIBDIR)"'
 ifeq ($(HAVE_NVCC),1)
 ifneq ($(CUDA_SRCS),)
 NVCCFLAGS ?= -O2 -std=c++17 -Xcompiler -fPIC -Xcompiler -Wall -lineinfo \
 	-gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
 	-gencode arch=compute_90,code=compute_90
 CUDA_OBJS := $(CUDA_SRCS:%.cu=$(B)/%.o)
-KERNELS_OBJS += $(CUDA_OBJS)
 CPPFLAGS += -DKVD_HAVE_CUDA=1
-CUDA_LIBDIR ?= $(dir $(shell command -v $(NVCC)))../lib64
-LDLIBS += -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcublas -lcudart -lstdc++
+CUDA_LIBDIR ?= $(abspath $(dir $(shell command -v $(NVCC)))../lib64)
+# The CUDA backend is a shared object that kvd dlopens (kernels/backend.c):
+# only it links cuBLAS and the CUDA runtime and carries a RUNPATH to them, so
+# kvd itself starts on machines without CUDA. It takes its own hidden copies
+# of the plain-C helpers it calls and exports the entry point alone.
+CUDA_SO := $(B)/libkvd-cuda.so
+$(CUDA_SO): $(CUDA_OBJS) $(B)/kernels/cuda/plan.o $(B)/kernels/types.o kernels/cuda/libkvd-cuda.map
+	$(CC) $(LDFLAGS) -shared -Wl,-soname,libkvd-cuda.so -Wl,--no-undefined \
+		-Wl,--version-script=kernels/cuda/libkvd-cuda.map -o $@ $(filter %.o,$^) \
+		-L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcublas -lcudart -lstdc++ -lm -pthread
+# A program that links it rather than loading it (the CUDA tests, in
+# $(B)/tests/) names it even though it calls nothing in it directly: the
+# loader then finds the entry point in the process.
+CUDA_SO_LINK := -Wl,--push-state,--no-as-needed $(CUDA_SO) -Wl,--pop-state -Wl,-rpath,'$$ORIGIN/..'
+all: $(CUDA_SO)
 endif
 endif
+LDLIBS += -ldl
 
 $(B)/kernels/cuda/%.o: kernels/cuda/%.cu
 	@mkdir -p $(dir $@)

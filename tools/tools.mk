@@ -28,6 +28,11 @@ install: all
 	install -m 0644 $(B)/libkvclient.a $(DESTDIR)$(PREFIX)/lib/
 	install -m 0644 $(KVC_HDRS) $(DESTDIR)$(PREFIX)/include/kvd/
 	install -m 0644 $(UAPI_HDRS) $(DESTDIR)$(PREFIX)/include/kvd/uapi/
+ifneq ($(CUDA_SO),)
+	@# kvd finds it there from PREFIX/bin (../lib/kvd) or by the path compiled in.
+	install -d $(DESTDIR)$(KVD_BACKEND_LIBDIR)
+	install -m 0755 $(CUDA_SO) $(DESTDIR)$(KVD_BACKEND_LIBDIR)/
+endif
 
 # kvtop reads the pinned BPF maps and can load the programs itself (--attach).
 $(B)/kvtop: $(BPF_LIB)

@@ -9,6 +9,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/dequant.cuh"
 #include "kernels/cuda/gemm.cuh"
+#include "kernels/cuda/hostcheck.h"
 #include "kernels/cuda/kvcache.cuh"
 #include "kernels/cuda/matvec.cuh"
 #include "kernels/cuda/norm.cuh"
@@ -429,7 +430,7 @@ static const struct backend_ops cuda_ops = {
 	.step_end = cu_step_end,
 };
 
-extern "C" int backend_cuda_devices(char *why, size_t whylen)
+static int cu_devices(char *why, size_t whylen)
 {
 	int n = 0;
 	cudaError_t e = cudaGetDeviceCount(&n);
@@ -454,9 +455,9 @@ extern "C" int backend_cuda_devices(char *why, size_t whylen)
 		}                                                                       \
 	} while (0)
 
-extern "C" int backend_cuda_create(struct backend **out, int dev, char *why, size_t whylen)
+static int cu_create(struct backend **out, int dev, char *why, size_t whylen)
 {
-	int n = backend_cuda_devices(why, whylen), rc = -EIO;
+	int n = cu_devices(why, whylen), rc = -EIO;
 	if (n <= 0 || dev >= n)
 		return -ENODEV;
 	struct cuda_backend *cb = (struct cuda_backend *)calloc(1, sizeof(*cb));
@@ -508,4 +509,17 @@ extern "C" int backend_cuda_create(struct backend **out, int dev, char *why, siz
 err:
 	cu_destroy(&cb->base);
 	return rc;
+}
+
+/*
+ * The object's one export (kernels/cuda/libkvd-cuda.map): kernels/backend.c
+ * finds it by name and checks the ABI before it calls anything else here.
+ */
+extern "C" const struct kb_cuda_api *KB_CUDA_ENTRY(void)
+{
+	static const struct kb_cuda_api api = {
+		KB_CUDA_ABI, (uint32_t)sizeof(struct backend_ops), cu_devices, cu_create,
+		cuda_host_deq32,
+	};
+	return &api;
 }

@@ -1,6 +1,7 @@
 #!/bin/sh
 # check.sh — the GPU check in one go: build with CUDA, run the CUDA tests,
-# compute-sanitizer memcheck on a short generation, and the benchmark table.
+# kvd's loading of libkvd-cuda.so, compute-sanitizer memcheck on a short
+# generation, and the benchmark table.
 # Meant for one GPU and under 8 minutes; every step has its own time limit.
 # Usage: sh tests/gpu/check.sh   (from anywhere; KVD_MODEL names the model)
 set -u
@@ -57,6 +58,13 @@ step "greedy on the golden prompts, CUDA against CPU"
 run 180 test_cuda_golden sh -c 'build/tests/test_cuda_golden >"$1" 2>&1; rc=$?; cat "$1"; exit $rc' sh "$log"
 if grep -q "skipped: no CUDA device" "$log" || grep -q "FAILED" "$log"; then
 	echo "check: test_cuda_golden did not pass on a device"
+	status=1
+fi
+
+step "kvd loads libkvd-cuda.so and takes the device"
+run 120 test_packaging sh -c 'sh tests/test_packaging.sh >"$1" 2>&1; rc=$?; cat "$1"; exit $rc' sh "$log"
+if ! grep -q "loads the object beside it: kvd: cuda backend: auto" "$log"; then
+	echo "check: build/kvd did not take the device through build/libkvd-cuda.so"
 	status=1
 fi
 

@@ -1,0 +1,167 @@
+#!/bin/sh
+# test_packaging.sh — one kvd binary for machines with and without CUDA: kvd and the tools link
+# no CUDA library and carry no RUNPATH into CUDA; kvd finds libkvd-cuda.so beside itself or in
+# ../lib/kvd, refuses a stale or broken one by name and then serves on the CPU, and fails
+# clearly when --backend=cuda cannot be had. Run from the repository root after `make`.
+set -u
+B=${B:-build}
+pass=0
+fail=0
+skip=0
+ok() { pass=$((pass + 1)); echo "[       OK ] $1"; }
+bad() { fail=$((fail + 1)); echo "[  FAILED  ] $1"; }
+skipped() { skip=$((skip + 1)); echo "[  SKIPPED ] $1"; }
+have() { command -v "$1" >/dev/null 2>&1; }
+
+tmp=$(mktemp -d /tmp/kvd-packaging.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+model=${KVD_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
+so=$B/libkvd-cuda.so
+
+# ---- what the programs link ----
+if have readelf; then
+	for f in "$B/kvd" "$B/kvctl" "$B/kvtop" "$B/kvbench" "$B/kvc_example" "$B/libkvclient.so.2"; do
+		[ -e "$f" ] || continue
+		dyn=$(readelf -d "$f")
+		needed=$(echo "$dyn" | grep NEEDED | grep -E 'libcuda|libcublas|libkvd-cuda' | tr -s ' ')
+		runpath=$(echo "$dyn" | grep -E 'RUNPATH|RPATH' | grep -i cuda | tr -s ' ')
+		if [ -z "$needed" ] && [ -z "$runpath" ]; then
+			ok "$(basename "$f"): no CUDA library NEEDED, no RUNPATH into CUDA"
+		else
+			bad "$(basename "$f") links CUDA:$needed$runpath"
+		fi
+	done
+else
+	skipped "what the programs link: readelf is not installed (package binutils)"
+fi
+
+# kvd_run LOG ARGS...: a two-token generation from the default model; the status is kvd's.
+kvd_run() {
+	log=$1
+	shift
+	"$@" --config /dev/null --model "$model" --kv-blocks 64 -p "The capital of France is" -n 2 \
+		>"$log" 2>&1
+}
+# The line that says which backend kvd took and why.
+backend_line() { grep -E '^kvd: (cpu|cuda) backend: ' "$1"; }
+
+if [ ! -r "$model" ]; then
+	skipped "kvd's choice of backend: no model at $model (make model)"
+	echo "test_packaging: $pass passed, $fail failed, $skip skipped"
+	[ "$fail" -eq 0 ]
+	exit
+fi
+if [ ! -e "$so" ]; then
+	if kvd_run "$tmp/nocuda.log" "$B/kvd" && backend_line "$tmp/nocuda.log" | grep -q "built without CUDA"; then
+		ok "kvd built without CUDA serves on the CPU: $(backend_line "$tmp/nocuda.log")"
+	else
+		cat "$tmp/nocuda.log"
+		bad "kvd built without CUDA on the CPU"
+	fi
+	skipped "loading libkvd-cuda.so: $so was not built (CUDA=0, or no nvcc on PATH at build time)"
+	echo "test_packaging: $pass passed, $fail failed, $skip skipped"
+	[ "$fail" -eq 0 ]
+	exit
+fi
+
+# ---- the object itself ----
+if have readelf && have nm; then
+	dyn=$(readelf -d "$so")
+	exports=$(nm -D --defined-only "$so" | awk '$2 != "A" { print $3 }')
+	if echo "$dyn" | grep NEEDED | grep -q libcudart && echo "$dyn" | grep NEEDED | grep -q libcublas &&
+		echo "$dyn" | grep -E 'RUNPATH|RPATH' | grep -qi cuda &&
+		[ "$exports" = "kvd_cuda_backend_v1@@KVD_CUDA_1" ]; then
+		ok "libkvd-cuda.so links cudart and cuBLAS through its own RUNPATH and exports $exports alone"
+	else
+		echo "$dyn"
+		bad "libkvd-cuda.so: links or exports not as expected (exports: $exports)"
+	fi
+fi
+
+# ---- found in the tree and in an installed layout ----
+abs_so=$(cd "$B" && pwd -P)/libkvd-cuda.so
+if kvd_run "$tmp/tree.log" "$B/kvd" && line=$(backend_line "$tmp/tree.log") &&
+	! echo "$line" | grep -q "not loadable" && echo "$line" | grep -qF "$abs_so"; then
+	# Without a device the object says so, in words apart from "not loadable".
+	ok "build/kvd loads the object beside it: $line"
+else
+	cat "$tmp/tree.log"
+	bad "build/kvd does not load $abs_so"
+fi
+mkdir -p "$tmp/root/usr/bin" "$tmp/root/usr/lib/kvd"
+cp "$B/kvd" "$tmp/root/usr/bin/"
+cp "$so" "$tmp/root/usr/lib/kvd/"
+if kvd_run "$tmp/inst.log" "$tmp/root/usr/bin/kvd" &&
+	backend_line "$tmp/inst.log" | grep -qF "($(cd "$tmp/root/usr/lib/kvd" && pwd -P)/libkvd-cuda.so"; then
+	ok "an installed kvd loads PREFIX/lib/kvd/libkvd-cuda.so, wherever the tree is"
+else
+	cat "$tmp/inst.log"
+	bad "an installed kvd does not find ../lib/kvd/libkvd-cuda.so"
+fi
+
+# ---- no object: the CPU, with the reason ----
+mkdir -p "$tmp/empty"
+want="cpu backend: auto, CUDA backend not loadable: no libkvd-cuda.so in $tmp/empty (KVD_BACKEND_DIR)"
+if KVD_BACKEND_DIR=$tmp/empty kvd_run "$tmp/empty.log" "$B/kvd" && grep -qF "kvd: $want" "$tmp/empty.log" &&
+	grep -q "decode 2 tokens" "$tmp/empty.log"; then
+	ok "KVD_BACKEND_DIR without the object: served on the CPU, '$want'"
+else
+	cat "$tmp/empty.log"
+	bad "KVD_BACKEND_DIR without the object"
+fi
+rm "$tmp/root/usr/lib/kvd/libkvd-cuda.so"
+if [ -e /usr/local/lib/kvd/libkvd-cuda.so ] || [ -e /usr/lib/kvd/libkvd-cuda.so ]; then
+	skipped "kvd moved away from its object: one is installed on this machine and would be found"
+elif kvd_run "$tmp/moved.log" "$tmp/root/usr/bin/kvd" &&
+	backend_line "$tmp/moved.log" | grep -qF "CUDA backend not loadable: no libkvd-cuda.so in $tmp/root/usr/bin, $tmp/root/usr/bin/../lib/kvd, "; then
+	ok "kvd moved away from its object serves on the CPU and names the directories it searched"
+else
+	cat "$tmp/moved.log"
+	bad "kvd moved away from its object"
+fi
+want="cuda backend: requested, but it cannot start: CUDA backend not loadable: no libkvd-cuda.so in $tmp/empty"
+if ! KVD_BACKEND_DIR=$tmp/empty kvd_run "$tmp/req.log" "$B/kvd" --backend cuda &&
+	grep -qF "kvd: $want" "$tmp/req.log"; then
+	ok "--backend cuda without the object fails: '$want'"
+else
+	cat "$tmp/req.log"
+	bad "--backend cuda without the object"
+fi
+
+# ---- objects kvd must refuse, each by name: a missing dependency, a stale entry point, a stale ABI ----
+if have cc; then
+	mkdir -p "$tmp/nodep" "$tmp/stale" "$tmp/abi"
+	echo 'int kvd_missing_dep(void) { return 0; }' >"$tmp/dep.c"
+	echo 'int kvd_missing_dep(void); int kvd_cuda_backend_v1(void) { return kvd_missing_dep(); }' >"$tmp/nodep.c"
+	echo 'int kvd_cuda_backend_v0(void) { return 0; }' >"$tmp/stale.c"
+	cat >"$tmp/abi.c" <<'EOF'
+#include "kernels/backend.h"
+static const struct kb_cuda_api api = { .abi = KB_CUDA_ABI + 1, .ops_size = sizeof(struct backend_ops) };
+const struct kb_cuda_api *KB_CUDA_ENTRY(void) { return &api; }
+EOF
+	if cc -shared -fPIC -o "$tmp/libkvd-missing-dep.so" "$tmp/dep.c" &&
+		cc -shared -fPIC -o "$tmp/nodep/libkvd-cuda.so" "$tmp/nodep.c" -L"$tmp" -lkvd-missing-dep &&
+		cc -shared -fPIC -o "$tmp/stale/libkvd-cuda.so" "$tmp/stale.c" &&
+		cc -shared -fPIC -I. -o "$tmp/abi/libkvd-cuda.so" "$tmp/abi.c"; then
+		rm "$tmp/libkvd-missing-dep.so"
+		for c in "nodep:$tmp/nodep/libkvd-cuda.so: libkvd-missing-dep.so: cannot open shared object file" \
+			"stale:$tmp/stale/libkvd-cuda.so has no kvd_cuda_backend_v1: it was built for another version of kvd" \
+			"abi:$tmp/abi/libkvd-cuda.so has backend ABI "; do
+			d=${c%%:*}
+			want="cpu backend: auto, CUDA backend not loadable: ${c#*:}"
+			if KVD_BACKEND_DIR=$tmp/$d kvd_run "$tmp/$d.log" "$B/kvd" && grep -qF "kvd: $want" "$tmp/$d.log"; then
+				ok "refused ($d), served on the CPU: $(backend_line "$tmp/$d.log")"
+			else
+				cat "$tmp/$d.log"
+				bad "an object kvd must refuse ($d): wanted '$want'"
+			fi
+		done
+	else
+		bad "cc could not build the stand-in objects"
+	fi
+else
+	skipped "objects kvd must refuse: cc is not installed"
+fi
+
+echo "test_packaging: $pass passed, $fail failed, $skip skipped"
+[ "$fail" -eq 0 ]
