@@ -27,7 +27,7 @@ $(B)/bpf/kvd.skel.h: $(B)/bpf/kvd.bpf.o
 $(B)/bpf/kvd_load.o: CPPFLAGS += -I$(B)
 $(B)/bpf/kvd_load.o: $(B)/bpf/kvd.skel.h
 
-$(BPF_LIB): $(B)/bpf/kvd_load.o
+$(BPF_LIB): $(B)/bpf/kvd_load.o $(B)/bpf/kvd_pin.o
 	@mkdir -p $(dir $@) && rm -f $@
 	$(AR) rcs $@ $^
 

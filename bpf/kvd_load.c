@@ -1,10 +1,11 @@
 /* kvd_load.c — loader of kvd's BPF programs: open, load, attach to one kvd's USDT probes, pin, and undo all that. */
 #include <errno.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <time.h>
@@ -27,6 +28,8 @@ struct kvd_bpf {
 	unsigned n_links;
 	char pin_dir[256];
 	int made_dir;			/* pin_dir was created by this loader */
+	int lock_fd;			/* pin_dir, flock()ed while this loader owns it; -1 before */
+	gid_t gid;			/* group of pin_dir and the pins, (gid_t)-1: the loader's */
 	unsigned n_pinned;		/* kvd_bpf_pinned_maps[0 .. n_pinned) are pinned */
 };
 
@@ -68,12 +71,6 @@ int kvd_bpf_capable(void)
 	return found && ((eff & sys_admin) || ((eff & bpf) && (eff & perfmon)));
 }
 
-const char *kvd_bpf_default_pin_dir(void)
-{
-	const char *d = getenv("KVD_BPF_PIN_DIR");
-	return d && *d ? d : KVD_PIN_DIR;
-}
-
 static int fail(char *err, size_t len, int rc, const char *fmt, ...)
 {
 	va_list ap;
@@ -91,56 +88,124 @@ static int pin_path(char *buf, size_t len, const char *dir, const char *name)
 	return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
 }
 
-/*
- * Pins in dir from an earlier loader: -EBUSY if that loader still runs,
- * else removed (a daemon killed with SIGKILL leaves them behind).
- */
-static int clear_stale(const char *dir, char *err, size_t len)
+static int on_bpffs(const char *path)
+{
+	struct statfs sf;
+	return !statfs(path, &sf) && (unsigned long)sf.f_type == (unsigned long)BPF_FS_MAGIC;
+}
+
+/* "dir is held by ...": who the live owner is, from its meta map, when it can be read. */
+static int busy(const char *dir, char *err, size_t len)
 {
 	char path[320];
-	if (pin_path(path, sizeof(path), dir, "meta"))
-		return fail(err, len, -ENAMETOOLONG, "pin directory name too long");
-	int fd = bpf_obj_get(path);
-	if (fd >= 0) {
-		struct kvd_meta m = { 0 };
-		__u32 zero = 0;
-		int rc = bpf_map_lookup_elem(fd, &zero, &m);
+	struct kvd_meta m = { 0 };
+	__u32 zero = 0;
+	int fd = pin_path(path, sizeof(path), dir, "meta") ? -1 : bpf_obj_get(path);
+	if (fd >= 0 && !bpf_map_lookup_elem(fd, &zero, &m) && m.loader_pid) {
 		close(fd);
-		if (!rc && m.loader_pid && (kill((pid_t)m.loader_pid, 0) == 0 || errno == EPERM))
-			return fail(err, len, -EBUSY, "%s holds the metrics of pid %u, loaded by pid %u, which is running",
-				    dir, m.daemon_pid, m.loader_pid);
+		return fail(err, len, -EBUSY, "%s holds the metrics of pid %u, loaded by pid %u, which is running",
+			    dir, m.daemon_pid, m.loader_pid);
 	}
+	if (fd >= 0)
+		close(fd);
+	return fail(err, len, -EBUSY, "%s is in use by another loader, which is running", dir);
+}
+
+/*
+ * Own pin_dir: an exclusive flock() on it, held until unload, so a second
+ * loader on the same directory (a second daemon of the same instance) is
+ * refused rather than clobbering the pins, and a dead one's lock goes with
+ * it. Pins left without an owner (SIGKILL) are removed. The lock must be on
+ * the directory the path names now: an owner that unloads removes it
+ * before letting go.
+ */
+static int take_dir(struct kvd_bpf *b, char *err, size_t len)
+{
+	for (int tries = 0; tries < 3; tries++) {
+		struct stat a, p;
+		int fd = open(b->pin_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		if (fd < 0)
+			return fail(err, len, -errno, "%s: %s", b->pin_dir, strerror(errno));
+		if (flock(fd, LOCK_EX | LOCK_NB)) {
+			int e = errno;
+			close(fd);
+			return e == EWOULDBLOCK ? busy(b->pin_dir, err, len)
+						: fail(err, len, -e, "flock %s: %s", b->pin_dir, strerror(e));
+		}
+		if (!fstat(fd, &a) && !stat(b->pin_dir, &p) && a.st_ino == p.st_ino && a.st_dev == p.st_dev) {
+			b->lock_fd = fd;
+			break;
+		}
+		close(fd);
+		if (mkdir(b->pin_dir, 0750) == 0)
+			b->made_dir = 1;
+	}
+	if (b->lock_fd < 0)
+		return fail(err, len, -EBUSY, "%s keeps being replaced", b->pin_dir);
+	char path[320];
 	for (const char *const *n = kvd_bpf_pinned_maps; *n; n++) {
-		pin_path(path, sizeof(path), dir, *n);
+		if (pin_path(path, sizeof(path), b->pin_dir, *n))
+			return fail(err, len, -ENAMETOOLONG, "pin directory name too long");
 		if (unlink(path) && errno != ENOENT)
 			return fail(err, len, -errno, "cannot remove stale pin %s: %s", path, strerror(errno));
 	}
 	return 0;
 }
 
+/* mkdir pin_dir, and its parent (KVD_PIN_DIR itself) when that is missing on a bpf file system. */
+static int make_dir(struct kvd_bpf *b)
+{
+	if (mkdir(b->pin_dir, 0750) == 0)
+		return b->made_dir = 1, 0;
+	if (errno != ENOENT)
+		return errno == EEXIST ? 0 : -errno;
+	char parent[sizeof(b->pin_dir)], top[sizeof(b->pin_dir)];
+	snprintf(parent, sizeof(parent), "%s", b->pin_dir);
+	char *slash = strrchr(parent, '/');
+	if (!slash || slash == parent)
+		return -ENOENT;
+	*slash = 0;
+	snprintf(top, sizeof(top), "%s", parent);
+	slash = strrchr(top, '/');
+	if (!slash)
+		return -ENOENT;
+	*(slash == top ? slash + 1 : slash) = 0;
+	/* 0755 whatever the umask (kvd.service's is 0077): each instance's group passes through to its own. */
+	if (!on_bpffs(top))
+		return -ENOENT;
+	if (mkdir(parent, 0755) == 0)
+		chmod(parent, 0755);
+	else if (errno != EEXIST)
+		return -errno;
+	if (mkdir(b->pin_dir, 0750))
+		return errno == EEXIST ? 0 : -errno;
+	return b->made_dir = 1, 0;
+}
+
 static int prepare_dir(struct kvd_bpf *b, char *err, size_t len)
 {
-	struct statfs sf;
-	if (mkdir(b->pin_dir, 0755) == 0) {
-		b->made_dir = 1;
-	} else if (errno != EEXIST) {
+	int rc = make_dir(b);
+	if (rc) {
 		/* The pin directory may live anywhere (KVD_BPF_PIN_DIR, --pin-dir): name its own parent. */
-		int e = errno;
 		char parent[sizeof(b->pin_dir)];
 		snprintf(parent, sizeof(parent), "%s", b->pin_dir);
 		char *slash = strrchr(parent, '/');
 		if (slash)
 			*(slash == parent ? slash + 1 : slash) = 0;
-		return fail(err, len, -e, "cannot create %s: %s (is a bpf file system mounted on %s? "
-			    "mount -t bpf bpf %s)", b->pin_dir, strerror(e), slash ? parent : ".",
+		return fail(err, len, rc, "cannot create %s: %s (is a bpf file system mounted on %s? "
+			    "mount -t bpf bpf %s)", b->pin_dir, strerror(-rc), slash ? parent : ".",
 			    slash ? parent : ".");
 	}
-	if (statfs(b->pin_dir, &sf))
-		return fail(err, len, -errno, "%s: %s", b->pin_dir, strerror(errno));
-	if ((unsigned long)sf.f_type != (unsigned long)BPF_FS_MAGIC)
+	if (!on_bpffs(b->pin_dir))
 		return fail(err, len, -ENOTSUP, "%s is not on a bpf file system (mount -t bpf bpf DIR, and pin under DIR)",
 			    b->pin_dir);
-	return clear_stale(b->pin_dir, err, len);
+	if ((rc = take_dir(b, err, len)))
+		return rc;
+	/* Readers in the socket's group may list the directory and read the pins (pin_all), nobody else. */
+	if ((b->gid != (gid_t)-1 && fchown(b->lock_fd, (uid_t)-1, b->gid)) || fchmod(b->lock_fd, 0750))
+		return fail(err, len, -errno, "cannot give %s to group %u: %s", b->pin_dir, (unsigned)b->gid,
+			    strerror(errno));
+	return 0;
 }
 
 /* Every program kvd_<probe> goes on the USDT probe kvd:<probe> of exe in pid. */
@@ -184,11 +249,15 @@ static int pin_all(struct kvd_bpf *b, pid_t pid, char *err, size_t len)
 		int rc = bpf_map__pin(map, path);
 		if (rc)
 			return fail(err, len, rc, "cannot pin %s: %s", path, strerror(-rc));
+		/* Pins are 0600 by default; kvtop only reads (BPF_F_RDONLY), which the group's r bit allows. */
+		if ((b->gid != (gid_t)-1 && chown(path, (uid_t)-1, b->gid)) || chmod(path, 0640))
+			return fail(err, len, -errno, "cannot give %s to group %u: %s", path, (unsigned)b->gid,
+				    strerror(errno));
 	}
 	return 0;
 }
 
-int kvd_bpf_load(struct kvd_bpf **out, pid_t pid, const char *pin_dir, char *err, size_t errlen)
+int kvd_bpf_load(struct kvd_bpf **out, pid_t pid, const char *pin_dir, gid_t gid, char *err, size_t errlen)
 {
 	char exe[4096], link[64];
 	int rc;
@@ -211,6 +280,8 @@ int kvd_bpf_load(struct kvd_bpf **out, pid_t pid, const char *pin_dir, char *err
 	if (!b)
 		return -ENOMEM;
 	snprintf(b->pin_dir, sizeof(b->pin_dir), "%s", pin_dir);
+	b->lock_fd = -1;
+	b->gid = gid;
 	b->skel = kvd_skel__open();
 	if (!b->skel) {
 		rc = fail(err, errlen, -errno ? -errno : -EINVAL, "cannot open the BPF object");
@@ -243,6 +314,9 @@ void kvd_bpf_unload(struct kvd_bpf *b)
 	/* Ours, or emptied of stale pins: gone when nothing else is in it (rmdir fails otherwise). */
 	if (b->made_dir || b->n_pinned)
 		rmdir(b->pin_dir);
+	/* After the rmdir: a loader waiting for the directory finds it gone and makes its own. */
+	if (b->lock_fd >= 0)
+		close(b->lock_fd);
 	for (unsigned i = 0; i < b->n_links; i++)
 		bpf_link__destroy(b->links[i]);
 	kvd_skel__destroy(b->skel);

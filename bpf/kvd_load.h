@@ -16,20 +16,20 @@ enum kvd_bpf_mode {
 /* 1 if this process's effective capabilities allow loading and attaching the programs. */
 int kvd_bpf_capable(void);
 
-/* $KVD_BPF_PIN_DIR when set, else /sys/fs/bpf/kvd. */
-const char *kvd_bpf_default_pin_dir(void);
-
 /*
  * Load the programs, attach them to the USDT probes of process pid (its
  * /proc/pid/exe), and pin the maps counters, pool, hists, uids and meta
- * under pin_dir (created if missing; it must be on a bpf file system).
- * Pins left by a loader that is gone are removed first; pins of a live one
- * make this fail with -EBUSY. Returns 0 and *out, or -errno with a message
- * in err.
+ * under pin_dir (bpf/kvd_pin.h names it; created if missing, with its
+ * parent when that is missing on a bpf file system). The loader holds an
+ * flock() on pin_dir until kvd_bpf_unload(): a directory another running
+ * loader holds makes this fail with -EBUSY and leaves its pins alone; pins
+ * whose loader is gone are replaced. pin_dir becomes mode 0750 and the
+ * pins 0640, of group gid ((gid_t)-1: the loader's own), so that group may
+ * read them. Returns 0 and *out, or -errno with a message in err.
  */
-int kvd_bpf_load(struct kvd_bpf **out, pid_t pid, const char *pin_dir, char *err, size_t errlen);
+int kvd_bpf_load(struct kvd_bpf **out, pid_t pid, const char *pin_dir, gid_t gid, char *err, size_t errlen);
 
-/* Detach, unpin every map, remove pin_dir if this loader created it and it is empty, free. NULL is fine. */
+/* Unpin every map, remove pin_dir if it is empty, let go of it, detach, free. NULL is fine. */
 void kvd_bpf_unload(struct kvd_bpf *b);
 
 /*

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include "bpf/kvd_pin.h"
 #include "daemon/config.h"
 #include "daemon/config_int.h"
 #include "daemon/log.h"
@@ -462,6 +463,13 @@ static int finish(struct kvd_options *o, char *err, size_t errlen)
 		}
 		o->srv.socket_gid = g->gr_gid;
 	}
+	if (o->instance && !*o->instance)
+		o->instance = NULL;	/* `instance =`: the default, named after the socket */
+	if (o->instance && !kvd_pin_instance_valid(o->instance)) {
+		log_errf(err, errlen, 0, "instance: '%s' is not a name: 1 to %d of letters, digits, "
+			 "'_', '.' and '-', not starting with '.'", o->instance, KVD_PIN_INSTANCE_MAX);
+		return -EINVAL;
+	}
 #ifndef KVD_HAVE_CUDA
 	if (o->backend == KB_BACKEND_CUDA) {
 		log_errf(err, errlen, 0, "backend = cuda: this kvd was built without the CUDA backend "
@@ -558,6 +566,10 @@ void config_print(const struct kvd_options *o, FILE *f)
 			snprintf(val, sizeof(val), "%s", config_default_socket(sock, sizeof(sock)));
 		if (!strcmp(t->name, "socket-group") && !o->socket_group) {
 			fprintf(f, "# %-20s   (unset: the daemon's own group)  # %s\n", t->name, from);
+			continue;
+		}
+		if (!strcmp(t->name, "instance") && !o->instance) {
+			fprintf(f, "# %-20s   (unset: named after the socket)  # %s\n", t->name, from);
 			continue;
 		}
 		snprintf(line, sizeof(line), "%s = %s", t->name, val);

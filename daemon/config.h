@@ -44,6 +44,7 @@ struct kvd_options {
 	int kv_type;			/* KB_F16, KB_F32, KB_Q8_0 */
 	int log_level;			/* LOG_ERR .. LOG_DEBUG */
 	int bpf;			/* enum kvd_bpf_mode */
+	const char *instance;		/* names the BPF pin directory; NULL: after the socket (bpf/kvd_pin.h) */
 	int backend;			/* enum kb_kind */
 	const char *socket_group;	/* NULL: the daemon's own group */
 	struct server_config srv;	/* socket, limits, prefix sharing; socket_gid from socket_group */

@@ -127,6 +127,14 @@ const struct cfg_opt config_opts[] = {
 	  .man = "BPF observability on the daemon's USDT probes:\n.B auto\n"
 		 "loads the programs when CAP_BPF is held,\n.B on\nmakes a failure to load fatal,\n"
 		 ".B off\nnever loads them. See\n.BR kvtop (8)." },
+	{ "instance", 0, CT_STR, 0, SEC_DAEMON, O(instance), .arg = "NAME",
+	  .help = "name of this daemon's BPF pin directory,\n"
+		  "/sys/fs/bpf/kvd/NAME (default: after the socket,\n"
+		  "\"kvd\" for /run/kvd/kvd.sock); kvtop --instance NAME",
+	  .man = "Pin the BPF metrics maps under\n.IR /sys/fs/bpf/kvd/NAME ,\n"
+		 "1 to 48 letters, digits, '_', '.' or '\\-', not starting with '.'.\n"
+		 "Default: named after the socket, so each daemon has its own (see\n"
+		 ".B KVD_BPF_PIN_DIR\nbelow)." },
 	{ "drain-timeout", 0, CT_U32, F_LIVE, SEC_DAEMON, S(drain_timeout_ms), RANGE(0, 3600000),
 	  .arg = "MS", .help = "on SIGTERM, finish in-flight work for at most MS (default 5000)",
 	  .man = "On SIGTERM or SIGINT, finish requests in flight for at most\n.I MS\n"

@@ -43,7 +43,7 @@ static int serve(struct kvd_options *o, struct model *m, struct backend *be, str
 	o->srv.reload = reload_config;
 	o->srv.reload_arg = o;
 	struct kvd_bpf *obs;
-	rc = obs_start((enum kvd_bpf_mode)o->bpf, &obs);
+	rc = obs_start((enum kvd_bpf_mode)o->bpf, o->srv.socket_path, o->instance, o->srv.socket_gid, &obs);
 	if (!rc)
 		rc = server_create(&srv, &o->srv, m, tok, be, pool);
 	if (!rc) {

@@ -89,7 +89,7 @@ int main(void)
 	for (int i = 0; i < 2 * ROUNDS && rc == 0; i++) {
 		int attached = (i % 4 == 1) || (i % 4 == 2);	/* off on, on off, ... */
 		struct kvd_bpf *b = NULL;
-		if (attached && (rc = kvd_bpf_load(&b, p.pid, dir, err, sizeof(err)))) {
+		if (attached && (rc = kvd_bpf_load(&b, p.pid, dir, (gid_t)-1, err, sizeof(err)))) {
 			fprintf(stderr, "bench_bpf: %s\n", err);
 			break;
 		}

@@ -1,4 +1,4 @@
-/* test_bpf.c — kvd's BPF metrics against its own STATS: exact counters, bpftool dumps, kvtop output, pins removed, perf's SDT events. */
+/* test_bpf.c — kvd's BPF metrics against its own STATS: exact counters, bpftool dumps, kvtop output, pins per daemon, perf's SDT events. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -6,10 +6,13 @@
 #include <cmocka.h>
 
 #include <dirent.h>
+#include <grp.h>
 #include <math.h>
+#include <pwd.h>
 #include <sys/stat.h>
 #include <bpf/bpf.h>
 #include "bpf/kvd_load.h"
+#include "bpf/kvd_pin.h"
 #include "uapi/kvd_metrics.h"
 #include "tests/lib/proc.h"
 
@@ -20,11 +23,17 @@
  * /sys/fs/bpf has no bpf file system, that directory is on one this test
  * mounts in a mount namespace of its own (kp_bpffs_open), which also checks
  * that the daemon, kvtop and bpftool take pins outside /sys/fs/bpf.
+ *
+ * The tests of the default layout, /sys/fs/bpf/kvd/<instance>/, need pins
+ * where they would really go: this test mounts a bpf file system of its own
+ * on /sys/fs/bpf, in its private mount namespace (private_sys_bpf), so the
+ * host's pins are never seen or touched either.
  */
 
 #define KVTOP "build/kvtop"
 
 static char why_skip[256];
+static char why_no_sys[256];	/* why /sys/fs/bpf is not ours: the instance tests skip */
 static char pin_dir[128];
 static struct kp_bpffs fs;
 static struct kvd_proc P;
@@ -36,6 +45,27 @@ static int can_bpf(void)
 		return 0;
 	}
 	return kp_bpffs_open(&fs, why_skip, sizeof(why_skip)) == 0;
+}
+
+/*
+ * A bpf file system of this process's own on /sys/fs/bpf (mode 0755, so
+ * that an unprivileged reader may pass through to a group's pins), in the
+ * private mount namespace kp_bpffs_open() made, or one made here. Before
+ * any thread, as kp_bpffs_open().
+ */
+static void private_sys_bpf(void)
+{
+	if (why_skip[0]) {
+		snprintf(why_no_sys, sizeof(why_no_sys), "%s", why_skip);
+		return;
+	}
+	if (!fs.own && (unshare(CLONE_NEWNS) || mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL))) {
+		snprintf(why_no_sys, sizeof(why_no_sys), "no private mount namespace: %s", strerror(errno));
+		return;
+	}
+	if (mount("bpf", "/sys/fs/bpf", "bpf", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0755"))
+		snprintf(why_no_sys, sizeof(why_no_sys), "cannot mount a bpf file system on /sys/fs/bpf: %s",
+			 strerror(errno));
 }
 
 static int dir_gone(const char *dir)
@@ -437,6 +467,342 @@ static void test_kvtop_attach(void **state)
 	kp_cleanup(&q);
 }
 
+/* ---- one pin directory per daemon: /sys/fs/bpf/kvd/<instance>/ ---- */
+
+#define SKIP_UNLESS_SYS_BPF()                                       \
+	do {                                                        \
+		SKIP_UNLESS_BPF();                                  \
+		if (why_no_sys[0]) {                                \
+			print_message("skipped: %s\n", why_no_sys); \
+			skip();                                     \
+		}                                                   \
+	} while (0)
+
+/* The names kvd and kvtop both derive: stable, readable, one per socket path, $KVD_BPF_PIN_DIR first. */
+static void test_pin_names(void **state)
+{
+	(void)state;
+	char a[256], b[256], dir[] = "/tmp/kvd-pin.XXXXXX", p[160], q[160];
+	assert_non_null(mkdtemp(dir));
+	assert_true(kvd_pin_dir(a, sizeof(a), NULL, KVD_PIN_SYSTEM_SOCKET) > 0);
+	assert_string_equal(a, KVD_PIN_DIR "/kvd");
+	/* One socket however it is spelt: through "..", relatively, through a symlink. */
+	snprintf(p, sizeof(p), "%s/my daemon!.sock", dir);
+	assert_true(kvd_pin_dir(a, sizeof(a), NULL, p) > 0);
+	snprintf(q, sizeof(q), "%s/../%s/my daemon!.sock", dir, strrchr(dir, '/') + 1);
+	assert_true(kvd_pin_dir(b, sizeof(b), NULL, q) > 0);
+	assert_string_equal(a, b);
+	snprintf(q, sizeof(q), "%s/link", dir);
+	assert_int_equal(symlink(dir, q), 0);
+	snprintf(q, sizeof(q), "%s/link/my daemon!.sock", dir);
+	assert_true(kvd_pin_dir(b, sizeof(b), NULL, q) > 0);
+	assert_string_equal(a, b);
+	char cwd[512];
+	assert_non_null(getcwd(cwd, sizeof(cwd)));
+	assert_int_equal(chdir(dir), 0);
+	int rel = kvd_pin_dir(b, sizeof(b), NULL, "my daemon!.sock");
+	assert_int_equal(chdir(cwd), 0);
+	assert_true(rel > 0);
+	assert_string_equal(a, b);
+	/* Readable, and a valid instance: the file name, sanitised, and a hash of the path. */
+	const char *inst = a + strlen(KVD_PIN_DIR "/");
+	assert_true(kvd_pin_instance_valid(inst));
+	assert_int_equal(strncmp(inst, "my_daemon_-", 11), 0);
+	assert_int_equal(strlen(inst), 11 + 8);
+	/* Another directory, another instance. */
+	assert_true(kvd_pin_dir(b, sizeof(b), NULL, "/tmp/kvd.sock") > 0);
+	assert_true(kvd_pin_dir(a, sizeof(a), NULL, "/var/tmp/kvd.sock") > 0);
+	assert_string_not_equal(a, b);
+	/* Named instances; bad names refused. */
+	assert_true(kvd_pin_dir(a, sizeof(a), "llama-2.big_1", "/tmp/x.sock") > 0);
+	assert_string_equal(a, KVD_PIN_DIR "/llama-2.big_1");
+	assert_int_equal(kvd_pin_dir(a, sizeof(a), "../etc", NULL), -EINVAL);
+	assert_int_equal(kvd_pin_dir(a, sizeof(a), ".hidden", NULL), -EINVAL);
+	assert_int_equal(kvd_pin_dir(a, sizeof(a), "a/b", NULL), -EINVAL);
+	assert_int_equal(kvd_pin_dir(a, sizeof(a), "", NULL), -EINVAL);
+	/* $KVD_BPF_PIN_DIR wins over both. */
+	setenv("KVD_BPF_PIN_DIR", "/elsewhere/pins", 1);
+	assert_true(kvd_pin_dir(a, sizeof(a), "named", "/tmp/x.sock") > 0);
+	unsetenv("KVD_BPF_PIN_DIR");
+	assert_string_equal(a, "/elsewhere/pins");
+	/* kvd refuses a bad name before it loads anything. */
+	char cmd[512], out[2048];
+	snprintf(cmd, sizeof(cmd), "KVD_CONFIG=/dev/null %s --instance ../etc --print-config 2>&1", kp_bin());
+	assert_true(run(cmd, out, sizeof(out)) > 0);
+	if (!strstr(out, "instance: '../etc' is not a name"))
+		fail_msg("kvd --instance ../etc said: %s", out);
+	snprintf(cmd, sizeof(cmd), "KVD_CONFIG=/dev/null %s --instance big.one --print-config 2>&1", kp_bin());
+	assert_int_equal(run(cmd, out, sizeof(out)), 0);
+	assert_non_null(strstr(out, "instance = big.one"));
+	snprintf(q, sizeof(q), "%s/link", dir);
+	unlink(q);
+	rmdir(dir);
+}
+
+/* The group a test daemon gives its socket and pins: nobody's primary group, which root is not in. */
+static int nobody_ids(uid_t *uid, gid_t *gid, char *name, size_t len)
+{
+	const struct passwd *pw = getpwnam("nobody");
+	const struct group *g = pw ? getgrgid(pw->pw_gid) : NULL;
+	if (!g || pw->pw_gid == 0)
+		return -ENOENT;
+	*uid = pw->pw_uid;
+	*gid = pw->pw_gid;
+	snprintf(name, len, "%s", g->gr_name);
+	return 0;
+}
+
+/* kvtop --once --json on sock (the pins found from it alone); "pin_dir daemon_pid requests" in out. */
+static int kvtop_json(const char *prefix, const char *sock, char *out, size_t cap)
+{
+	char cmd[768];
+	snprintf(cmd, sizeof(cmd),
+		 "%s %s --socket %s --once --json 2>&1 | python3 -c '"
+		 "import json,sys; d=json.load(sys.stdin)\n"
+		 "print(d[\"pin_dir\"], d[\"daemon_pid\"] if d[\"bpf\"] else -1,"
+		 " d[\"counters\"][\"requests\"] if d[\"bpf\"] else d[\"bpf_error\"])'",
+		 prefix, KVTOP, sock);
+	return run(cmd, out, cap);
+}
+
+static void check_pins(const char *dir, gid_t gid)
+{
+	struct stat st;
+	char path[320];
+	assert_int_equal(stat(dir, &st), 0);
+	assert_int_equal(st.st_mode & 07777, 0750);
+	assert_int_equal(st.st_gid, gid);
+	static const char *const maps[] = { "counters", "pool", "hists", "uids", "meta" };
+	for (size_t i = 0; i < sizeof(maps) / sizeof(maps[0]); i++) {
+		snprintf(path, sizeof(path), "%s/%s", dir, maps[i]);
+		assert_int_equal(stat(path, &st), 0);
+		assert_int_equal(st.st_mode & 07777, 0640);
+		assert_int_equal(st.st_gid, gid);
+	}
+}
+
+/* kvtop as nobody: B's maps (its group) are read; A's (root's group) are refused as "permission denied". */
+static void check_nobody(const struct kvd_proc *a, const struct kvd_proc *b, uid_t uid, gid_t gid)
+{
+	char prefix[96], out[1024];
+	if (system("command -v setpriv >/dev/null 2>&1")) {
+		print_message("skipped the unprivileged reads: setpriv is missing\n");
+		return;
+	}
+	snprintf(prefix, sizeof(prefix), "setpriv --reuid=%u --regid=%u --clear-groups", (unsigned)uid,
+		 (unsigned)gid);
+	assert_int_equal(kvtop_json(prefix, b->sock, out, sizeof(out)), 0);
+	if (strstr(out, "refuses bpf()")) {
+		print_message("skipped the unprivileged reads: this kernel refuses bpf() to users: %s", out);
+		return;
+	}
+	unsigned pid, req;
+	assert_int_equal(sscanf(out, "%*s %u %u", &pid, &req), 2);
+	assert_int_equal(pid, (unsigned)b->pid);
+	assert_int_equal(req, 1);
+	char cmd[512];
+	int rc;
+	snprintf(cmd, sizeof(cmd), "%s %s --socket %s --once 2>&1", prefix, KVTOP, a->sock);
+	assert_int_equal(run(cmd, out, sizeof(out)), 1);
+	if (!strstr(out, "permission denied reading the BPF maps") || !strstr(out, "group root's"))
+		fail_msg("kvtop as nobody on root's pins said: %s", out);
+	/* /sys/fs/bpf as systemd mounts it (0700): the message names the directory in the way. */
+	assert_int_equal(chmod("/sys/fs/bpf", 0700), 0);
+	snprintf(cmd, sizeof(cmd), "%s %s --socket %s --once 2>&1", prefix, KVTOP, b->sock);
+	rc = run(cmd, out, sizeof(out));
+	assert_int_equal(chmod("/sys/fs/bpf", 0755), 0);
+	assert_int_equal(rc, 0);	/* the daemon still answers: its STATS are shown */
+	if (!strstr(out, "permission denied reading the BPF maps") || !strstr(out, "/sys/fs/bpf (mode "))
+		fail_msg("kvtop as nobody behind a closed /sys/fs/bpf said: %s", out);
+}
+
+/* The daemons of the instance tests: whatever an assertion left running is stopped by the teardown. */
+static struct kvd_proc inst_a, inst_b;
+
+static int teardown_pair(void **state)
+{
+	(void)state;
+	if (!why_no_sys[0])
+		chmod("/sys/fs/bpf", 0755);	/* ours (private_sys_bpf), never the host's */
+	kp_cleanup(&inst_a);
+	kp_cleanup(&inst_b);
+	return 0;
+}
+
+/* Two daemons on two sockets: two pin directories, and kvtop --socket B shows B's numbers only. */
+static void test_two_daemons(void **state)
+{
+	(void)state;
+	SKIP_UNLESS_SYS_BPF();
+	if (access(KVTOP, X_OK) || system("command -v python3 >/dev/null 2>&1")) {
+		print_message("skipped: %s or python3 missing\n", KVTOP);
+		skip();
+	}
+	uid_t nuid = 0;
+	gid_t ngid = 0;
+	char group[64];
+	if (nobody_ids(&nuid, &ngid, group, sizeof(group))) {
+		print_message("skipped: no user nobody with a group of its own\n");
+		skip();
+	}
+	const char *on_a[] = { "--bpf=on", "--kv-blocks", "16", "--threads", "1", NULL };
+	const char *on_b[] = { "--bpf=on", "--kv-blocks", "16", "--threads", "1", "--socket-group", group, NULL };
+	struct kvd_proc *a = &inst_a, *b = &inst_b;
+	char da[256], db[256], out[1024];
+	/* kvd.service's umask: the modes must not depend on it. */
+	mode_t mask = umask(077);
+	int rc = kp_start(a, on_a);
+	if (!rc)
+		rc = kp_start(b, on_b);
+	umask(mask);
+	assert_int_equal(rc, 0);
+	assert_true(kvd_pin_dir(da, sizeof(da), NULL, a->sock) > 0);
+	assert_true(kvd_pin_dir(db, sizeof(db), NULL, b->sock) > 0);
+	assert_string_not_equal(da, db);
+	assert_false(dir_gone(da));
+	assert_false(dir_gone(db));
+	check_pins(da, getegid());
+	check_pins(db, ngid);
+	struct stat st;
+	assert_int_equal(stat(KVD_PIN_DIR, &st), 0);
+	assert_int_equal(st.st_mode & 07777, 0755);	/* made by the first daemon: all may pass */
+
+	uint32_t p[12];
+	prompt(p, 12, 11);
+	const uint32_t *prompts[] = { p };
+	assert_int_equal(kp_generate(b->sock, 1, prompts, (uint32_t[]){ 12 }, (uint32_t[]){ 3 }), 3);
+	/* The request to B is counted in B's maps, and A's stay at zero. */
+	unsigned pid, req;
+	char dir[256];
+	assert_int_equal(kvtop_json("", b->sock, out, sizeof(out)), 0);
+	assert_int_equal(sscanf(out, "%255s %u %u", dir, &pid, &req), 3);
+	assert_string_equal(dir, db);
+	assert_int_equal(pid, (unsigned)b->pid);
+	assert_int_equal(req, 1);
+	assert_int_equal(kvtop_json("", a->sock, out, sizeof(out)), 0);
+	assert_int_equal(sscanf(out, "%255s %u %u", dir, &pid, &req), 3);
+	assert_string_equal(dir, da);
+	assert_int_equal(pid, (unsigned)a->pid);
+	assert_int_equal(req, 0);
+	check_nobody(a, b, nuid, ngid);
+
+	assert_int_equal(kp_stop(a), 0);
+	assert_int_equal(kp_stop(b), 0);
+	assert_true(dir_gone(da));
+	assert_true(dir_gone(db));
+}
+
+/* A second daemon of the same --instance leaves the first's pins alone: a warning, or a refusal with --bpf=on. */
+static void test_same_instance(void **state)
+{
+	(void)state;
+	SKIP_UNLESS_SYS_BPF();
+	char name[32], dir[256], arg[48];
+	snprintf(name, sizeof(name), "test-%d", (int)getpid());
+	snprintf(arg, sizeof(arg), "--instance=%s", name);
+	const char *on[] = { "--bpf=on", arg, "--kv-blocks", "16", "--threads", "1", NULL };
+	const char *aut[] = { "--bpf=auto", arg, "--kv-blocks", "16", "--threads", "1", NULL };
+	struct kvd_proc *a = &inst_a, *b = &inst_b;
+	assert_int_equal(kp_start(a, on), 0);
+	assert_true(kvd_pin_dir(dir, sizeof(dir), name, NULL) > 0);
+	assert_string_equal(dir + strlen(KVD_PIN_DIR "/"), name);
+	/* bpf=on: the second one does not start. */
+	assert_int_equal(kp_start(b, on), -ECHILD);
+	kp_cleanup(b);
+	/* bpf=auto: it serves, without metrics, and says why. */
+	assert_int_equal(kp_start(b, aut), 0);
+	char log[8192] = "";
+	FILE *f = fopen(b->log, "r");
+	assert_non_null(f);
+	log[fread(log, 1, sizeof(log) - 1, f)] = 0;
+	fclose(f);
+	if (!strstr(log, "which is running") || !strstr(log, "--instance"))
+		fail_msg("the second daemon's log does not say why it has no metrics:\n%s", log);
+	assert_int_equal(kp_stop(b), 0);
+	/* Still the first one's, even after the second went away. */
+	struct kvd_meta m;
+	__u32 zero = 0;
+	assert_int_equal(read_one(dir, "meta", &zero, &m), 0);
+	assert_int_equal(m.daemon_pid, (__u32)a->pid);
+	assert_int_equal(kp_stop(a), 0);
+	assert_true(dir_gone(dir));
+}
+
+/* ESC bytes in what kvtop cmd writes to a terminal (a pty), or -1. */
+static int pty_escapes(const char *cmd)
+{
+	char line[1024], out[64];
+	snprintf(line, sizeof(line),
+		 "python3 -c 'import os,subprocess,sys\n"
+		 "m,s=os.openpty()\n"
+		 "p=subprocess.Popen(sys.argv[1],shell=True,stdin=subprocess.DEVNULL,stdout=s,stderr=s)\n"
+		 "os.close(s)\n"
+		 "o=b\"\"\n"
+		 "while True:\n"
+		 "  try: d=os.read(m,65536)\n"
+		 "  except OSError: break\n"
+		 "  if not d: break\n"
+		 "  o+=d\n"
+		 "p.wait(); print(o.count(b\"\\x1b\") if p.returncode==0 else -1)' '%s'", cmd);
+	return run(line, out, sizeof(out)) == 0 ? atoi(out) : -1;
+}
+
+/* kvtop --once: no escape sequences into a pipe or with $NO_COLOR, colors on a terminal. */
+static void test_kvtop_plain(void **state)
+{
+	(void)state;
+	SKIP_UNLESS_BPF();
+	if (access(KVTOP, X_OK) || system("command -v python3 >/dev/null 2>&1")) {
+		print_message("skipped: %s or python3 missing\n", KVTOP);
+		skip();
+	}
+	char cmd[512];
+	static char out[1 << 16];
+	snprintf(cmd, sizeof(cmd), "%s --socket %s --pin-dir %s --once", KVTOP, P.sock, pin_dir);
+	assert_int_equal(run(cmd, out, sizeof(out)), 0);
+	assert_non_null(strstr(out, "time to first token"));	/* the whole dashboard, BPF part too */
+	assert_null(strchr(out, '\033'));
+	assert_true(pty_escapes(cmd) > 0);
+	snprintf(cmd, sizeof(cmd), "NO_COLOR=1 %s --socket %s --pin-dir %s --once", KVTOP, P.sock, pin_dir);
+	assert_int_equal(pty_escapes(cmd), 0);
+}
+
+/* q on kvtop's input ends the dashboard, with status 0. */
+static void test_kvtop_q(void **state)
+{
+	(void)state;
+	SKIP_UNLESS_BPF();
+	if (access(KVTOP, X_OK))
+		skip();
+	int in[2];
+	assert_int_equal(pipe(in), 0);
+	pid_t top = fork();
+	assert_true(top >= 0);
+	if (top == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		int null = open("/dev/null", O_WRONLY);
+		dup2(in[0], 0);
+		dup2(null, 1);
+		close(in[1]);
+		execl(KVTOP, KVTOP, "--socket", P.sock, "--pin-dir", pin_dir, "--interval", "3600", (char *)NULL);
+		_exit(127);
+	}
+	close(in[0]);
+	assert_int_equal(write(in[1], "q", 1), 1);
+	int st = 0;
+	pid_t w = 0;
+	/* An hour between refreshes: only the q ends it within the bound. */
+	for (int64_t end = kp_now_ms() + 60000; (w = waitpid(top, &st, WNOHANG)) == 0 && kp_now_ms() < end;)
+		kp_sleep_ms(20);
+	if (w == 0) {
+		kill(top, SIGKILL);
+		waitpid(top, &st, 0);
+	}
+	close(in[1]);
+	assert_int_equal(w, top);
+	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
 /* perf sees the probes: sdt_kvd:* listed after buildid-cache --add, and perf record counts kvd:token. */
 static void test_perf_sdt(void **state)
 {
@@ -510,15 +876,24 @@ int main(void)
 		cmocka_unit_test(test_exact_counters),
 		cmocka_unit_test(test_bpftool_dump),
 		cmocka_unit_test(test_kvtop_agrees),
+		cmocka_unit_test(test_kvtop_plain),
+		cmocka_unit_test(test_kvtop_q),
 	};
 	const struct CMUnitTest alone[] = {
 		cmocka_unit_test(test_unpinned_on_exit),
 		cmocka_unit_test(test_kvtop_attach),
 		cmocka_unit_test(test_perf_sdt),
+		cmocka_unit_test(test_pin_names),
+		cmocka_unit_test_teardown(test_two_daemons, teardown_pair),
+		cmocka_unit_test_teardown(test_same_instance, teardown_pair),
 	};
+	unsetenv("KVD_BPF_PIN_DIR");	/* the derived directories are under test; each daemon is given its own */
 	can_bpf();	/* first: it may unshare the mount namespace, which moves only the calling thread */
+	private_sys_bpf();
 	int failed = cmocka_run_group_tests_name("bpf_shared_daemon", tests, setup_daemon, teardown_daemon);
 	failed += cmocka_run_group_tests_name("bpf_own_daemon", alone, NULL, NULL);
+	if (!why_no_sys[0])
+		umount2("/sys/fs/bpf", MNT_DETACH);
 	kp_bpffs_close(&fs);
 	return failed ? 1 : 0;
 }
