@@ -14,6 +14,7 @@ $(B)/kv%: $(B)/tools/kv%.o $(B)/libkvclient.a
 # kvc_example shows libkvclient alone; the others share tools/common.c.
 $(B)/kvctl $(B)/kvbench $(B)/kvtop: $(B)/tools/common.o
 $(B)/kvbench: $(B)/tools/bench_results.o
+$(B)/kvctl: $(B)/tools/turn.o
 
 all: $(TOOL_BINS)
 
