@@ -137,6 +137,15 @@ else
 fi
 
 # ---- the README's client, tools/kvc_example.c, built against the installed tree with pkg-config ----
+# The README shows the file whole: the first C block after it names the file.
+awk '/tools\/kvc_example.c`, whole/ { want = 1 } want && /^```$/ && on { exit } on { print }
+	want && /^```c$/ { on = 1 }' README.md >"$tmp/readme_example.c"
+if cmp -s "$tmp/readme_example.c" tools/kvc_example.c; then
+	ok "README.md shows tools/kvc_example.c as it is"
+else
+	diff -u tools/kvc_example.c "$tmp/readme_example.c"
+	bad "README.md's kvc_example.c differs from tools/kvc_example.c"
+fi
 if have pkg-config && have cc; then
 	export PKG_CONFIG_SYSROOT_DIR="$root" PKG_CONFIG_LIBDIR="$root/usr/lib/pkgconfig"
 	flags=$(pkg-config --cflags --libs kvclient)
