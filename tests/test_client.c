@@ -19,11 +19,11 @@
 #include <sys/stat.h>
 #include "tests/lib/proc.h"
 
-#define KVCTL "build/kvctl"
 #define NOBODY 65534
 
 static struct kvd_proc D;	/* shared by the tests, started by the group setup */
 static char tmpdir[64];		/* outputs of the programs the tests run */
+static char KVCTL[256];		/* the kvctl next to kp_bin()'s kvd: the sanitizer pass has its own */
 
 static int group_setup(void **state)
 {
@@ -32,6 +32,8 @@ static int group_setup(void **state)
 	if (!mkdtemp(tmpdir))
 		return -1;
 	chmod(tmpdir, 0755);	/* a test runs kvctl as nobody from here */
+	const char *kvd = kp_bin(), *slash = strrchr(kvd, '/');
+	snprintf(KVCTL, sizeof(KVCTL), "%.*skvctl", slash ? (int)(slash - kvd + 1) : 0, kvd);
 	if (kp_no_uring())
 		return 0;	/* each daemon test skips, saying why */
 	return kp_start(&D, NULL) ? -1 : 0;
@@ -543,7 +545,7 @@ static void test_kvctl_connect_hints(void **state)
 		print_message("skipped: setpriv (util-linux) is not installed\n");
 		skip();
 	}
-	char bin[128], cmd[512];
+	char bin[128], cmd[1024];
 	snprintf(bin, sizeof(bin), "%s/kvctl", tmpdir);
 	snprintf(cmd, sizeof(cmd), "cp %s %s && chmod 0755 %s", KVCTL, bin, bin);
 	assert_int_equal(system(cmd), 0);
