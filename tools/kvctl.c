@@ -81,9 +81,9 @@ static void usage_generate(FILE *f)
 	fprintf(f, "usage: kvctl generate PROMPT [options]\n\n"
 		"Streams the continuation of PROMPT (UTF-8 text, tokenized by the daemon) to\n"
 		"stdout and a summary to stderr; Ctrl-C cancels the request.\n\n");
-	fprintf(f, "  -n 0                prefill only: cache the prompt, generate nothing\n");
 	fprintf(f, usage_sampling, 128u);
-	fprintf(f, "      --socket PATH   daemon socket\n"
+	fprintf(f, "  -n 0                prefill only: cache the prompt, generate nothing\n"
+		"      --socket PATH   daemon socket\n"
 		"      --chat          the prompt is a user turn in the model's chat template\n"
 		"      --system TEXT   with --chat: a system message before it\n"
 		"      --special       read special tokens' spellings (<|im_end|>) in the prompt as\n"
@@ -105,7 +105,8 @@ static void usage_chat(FILE *f)
 	fprintf(f, "      --socket PATH   daemon socket\n"
 		"      --system TEXT   a system message before the first turn (and after /reset)\n"
 		"      --special       read special tokens' spellings in turns as those tokens\n"
-		"  -h, --help\n");
+		"      --poll[=USEC]   busy-poll for completions, up to USEC (default %u) after each\n"
+		"  -h, --help\n", POLL_US_DEFAULT);
 }
 
 static void usage_stats(FILE *f)
