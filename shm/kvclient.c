@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "shm/kvclient.h"
+#include "shm/kvclient_priv.h"
 #include "shm/kvring.h"
 #include "uapi/kvd_pins.h"
 
@@ -505,6 +506,12 @@ void kvc_arena_reset(struct kvc_conn *c)
 	c->arena_used = 0;
 }
 
+void kvc__arena_release(struct kvc_conn *c, uint32_t mark)
+{
+	if (mark <= c->arena_used)
+		c->arena_used = mark;
+}
+
 /* Ring the kick doorbell. A full queue (-EAGAIN) has rung already. */
 static void kvc_kick(struct kvc_conn *c)
 {
@@ -584,6 +591,31 @@ static int kvc_sock_event(struct kvc_conn *c)
 	return n > 0 ? -EPROTO : -ECONNRESET;
 }
 
+int kvc_arm(struct kvc_conn *c)
+{
+	if (!c->cq)
+		return -ENOTCONN;
+	/* The fence in kvring_set_need_wakeup() orders the flag store before
+	 * the re-check; it pairs with the daemon's kvring_needs_wakeup(). */
+	kvring_set_need_wakeup(c->cq);
+	if (kvring_ready(c->cq, c->cq_head)) {
+		kvring_clear_need_wakeup(c->cq);
+		return 1;
+	}
+	return 0;
+}
+
+int kvc_ack(struct kvc_conn *c)
+{
+	if (!c->cq)
+		return -ENOTCONN;
+	kvring_clear_need_wakeup(c->cq);
+	uint64_t v;
+	while (recv(c->call_fd, &v, sizeof(v), MSG_DONTWAIT) > 0)
+		;
+	return 0;
+}
+
 int kvc_wait(struct kvc_conn *c, struct kvd_cqe *out, int timeout_ms)
 {
 	const uint64_t start = now_ns();
@@ -602,15 +634,8 @@ int kvc_wait(struct kvc_conn *c, struct kvd_cqe *out, int timeout_ms)
 			cpu_relax();
 			continue;
 		}
-
-		/* The fence in kvring_set_need_wakeup() orders the flag store before
-		 * the re-check; it pairs with the daemon's kvring_needs_wakeup(). */
-		kvring_set_need_wakeup(c->cq);
-		err = kvc_peek(c, out);
-		if (err != -EAGAIN) {
-			kvring_clear_need_wakeup(c->cq);
-			return err;
-		}
+		if (kvc_arm(c) == 1)
+			continue;
 		int ms = -1;
 		if (deadline != UINT64_MAX)
 			ms = (int)((deadline - t + 999999u) / 1000000u);
@@ -620,17 +645,11 @@ int kvc_wait(struct kvc_conn *c, struct kvd_cqe *out, int timeout_ms)
 		};
 		int n = poll(p, 2, ms);
 		err = n < 0 ? -errno : 0;
-		kvring_clear_need_wakeup(c->cq);
+		kvc_ack(c);
 		if (err)
 			return err;
 		if (p[0].revents & (POLLERR | POLLNVAL))
 			return -EIO;
-		if (p[0].revents & POLLIN) {
-			/* Every call waiting, without blocking whatever the fd's flags. */
-			uint64_t v;
-			while (recv(c->call_fd, &v, sizeof(v), MSG_DONTWAIT) > 0)
-				;
-		}
 		/* A daemon that drains before exiting posts its last CQEs, then hangs up:
 		 * hand those out first. */
 		if (p[1].revents) {

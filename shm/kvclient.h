@@ -76,8 +76,8 @@ const struct kvd_hello_rep *kvc_info(const struct kvc_conn *c);
 /*
  * File descriptors for callers running their own event loop: the socket
  * (readable or hung up only when the daemon goes away) and the call doorbell
- * (readable when completions arrive, after kvc_wait() armed it; -1 before
- * the first session).
+ * (readable when completions arrive, once kvc_arm() asked for it; -1 before
+ * the first session). See kvc_arm() for the loop.
  */
 int kvc_socket_fd(const struct kvc_conn *c);
 int kvc_call_fd(const struct kvc_conn *c);
@@ -146,8 +146,51 @@ int kvc_peek(struct kvc_conn *c, struct kvd_cqe *out);
  */
 int kvc_wait(struct kvc_conn *c, struct kvd_cqe *out, int timeout_ms);
 
-/* How long kvc_wait() spins before it sleeps (default 50 us; 0: never spin). */
+/*
+ * How long kvc_wait() spins on the CQ before it sleeps, counted from the
+ * call (default 50 us; 0: never spin). A caller that consumes a stream of
+ * completions and waits again at once gets the io_uring SQPOLL idle rule:
+ * busy-poll while completions keep coming within usec of each other, sleep
+ * on the doorbell as soon as a window passes with none. Never spinning
+ * without bound is what keeps a client from starving the daemon of a core.
+ */
 void kvc_set_spin(struct kvc_conn *c, unsigned int usec);
+
+/*
+ * For an external event loop: ask the daemon to ring the call doorbell
+ * (set KVD_RING_NEED_WAKEUP on the CQ), then look at the CQ once more.
+ * Returns 1 when a completion is already there (the flag is cleared again:
+ * take it with kvc_peek() and do not sleep), 0 when armed (sleep until
+ * kvc_call_fd() or kvc_socket_fd() is readable), -ENOTCONN before the first
+ * session. After waking, call kvc_ack() before peeking:
+ *
+ *	for (;;) {
+ *		while (kvc_peek(c, &cqe) == 0)
+ *			handle(&cqe);
+ *		if (kvc_arm(c) == 1)
+ *			continue;
+ *		poll({ kvc_call_fd(c), POLLIN }, { kvc_socket_fd(c), POLLIN }, ...);
+ *		kvc_ack(c);
+ *	}
+ *
+ * Without the arm the daemon rings nobody, and the fd never becomes readable.
+ */
+int kvc_arm(struct kvc_conn *c);
+
+/*
+ * After a wake-up: clear KVD_RING_NEED_WAKEUP and read every ring waiting
+ * on the call doorbell (never blocking, whatever the fd's flags), so the
+ * next poll() sleeps until a new one. Returns 0, or -ENOTCONN.
+ */
+int kvc_ack(struct kvc_conn *c);
+
+/*
+ * kvd's meaning of a -errno (a CQE's res, a call's return) as one short
+ * static string, following uapi/kvd.h's "Conventions" ("prompt plus
+ * max_tokens exceed the context length" for -E2BIG); strerror()'s text
+ * for codes kvd gives no meaning of its own. A positive err is read as -err.
+ */
+const char *kvc_strerror(int err);
 
 /*
  * SQE builders: each zeroes *sqe and fills one request; set flags
@@ -276,6 +319,52 @@ struct kvc_utf8 {
 
 size_t kvc_utf8_feed(struct kvc_utf8 *u, const char *in, size_t len, char *out);
 size_t kvc_utf8_flush(struct kvc_utf8 *u, char *out);
+
+/* ---------------------------------------------------------------------- */
+/* Text in, text out: the common case in one blocking call.               */
+
+/* Called with whole UTF-8 characters as tokens arrive; nonzero cancels the request. */
+typedef int (*kvc_text_fn)(void *user, const char *utf8, size_t len);
+
+struct kvc_text_opts {
+	uint32_t	max_tokens;	/* tokens to generate; 0: prefill only (res = positions) */
+	int		chat;		/* render text as a user turn (KVD_SQE_CHAT) */
+	const char	*system;	/* with chat: a system message, or NULL (KVD_FEAT_SYSTEM) */
+	size_t		system_len;
+	const struct kvc_sampling *sampling; /* NULL: greedy */
+	uint16_t	flags;		/* more KVD_SQE_*: APPEND, IGNORE_EOS, PLAIN, SPECIAL, PROGRESS */
+	uint8_t		priority;	/* KVD_PRIO_* */
+	uint64_t	user_data;	/* of the request (0: 1); user_data + 1 is its CANCEL's */
+	/* With KVD_SQE_PROGRESS: prompt positions cached so far, of total. NULL: ignored. */
+	void		(*progress)(void *user, uint32_t done, uint32_t total);
+	/* Polled every 200 ms and between completions: nonzero cancels. NULL: never. */
+	const volatile int *cancel;
+};
+
+/*
+ * Submit text (len bytes of UTF-8) as a GENERATE on session's slot (a
+ * PREFILL when max_tokens is 0), streamed, and call fn with the text of
+ * the tokens as they come, cut only between characters (kvc_utf8_feed());
+ * returns when the request is over. The text, the system message and the
+ * output take room in the arena (kvc_arena_alloc()) only for the call.
+ * Use it on a connection with no other request in flight: CQEs of other
+ * requests are taken and dropped. Flags the daemon did not grant (system:
+ * KVD_FEAT_SYSTEM; PLAIN, SPECIAL: KVD_FEAT_PLAIN_TEXT; PROGRESS:
+ * KVD_FEAT_PROGRESS) give -EOPNOTSUPP before anything is sent.
+ *
+ * Returns the final CQE's res: tokens produced, or positions cached for a
+ * prefill, or -errno when the request failed (kvc_strerror() says why);
+ * or -errno of the connection (out then says nothing). out (may be NULL)
+ * gets the final CQE's flags and aux.
+ */
+struct kvc_text_result {
+	uint32_t	flags;		/* KVD_CQE_*: EOS, LENGTH, CANCELLED, SHUTDOWN, PREFIX_HIT */
+	uint32_t	aux;		/* res -E2BIG: positions the request needed; else 0 */
+};
+
+int kvc_generate_text(struct kvc_conn *c, uint32_t session, uint32_t slot, const char *text,
+		      size_t len, const struct kvc_text_opts *o, kvc_text_fn fn, void *user,
+		      struct kvc_text_result *out);
 
 #ifdef __cplusplus
 }

@@ -1,7 +1,7 @@
 #!/bin/sh
 # test_install.sh — `make install DESTDIR=... PREFIX=/usr` into a scratch tree: every file in
-# place, units that systemd-analyze verifies, their exposure score, the default kvd.conf, a
-# program built with `pkg-config --cflags --libs kvclient` against the tree, and journald
+# place, units that systemd-analyze verifies, their exposure score, the default kvd.conf, the
+# README's tools/kvc_example.c built with `pkg-config --cflags --libs kvclient` against the tree, and journald
 # priority prefixes. Run from the repository root after `make` (make test does both).
 set -u
 B=${B:-build}
@@ -136,57 +136,31 @@ else
 	bad "log prefixes: journal '$(cat "$tmp/stderr")', plain '$plain'"
 fi
 
-# ---- a client built against the installed tree with pkg-config ----
+# ---- the README's client, tools/kvc_example.c, built against the installed tree with pkg-config ----
+# The README shows the file whole: the first C block after it names the file.
+awk '/tools\/kvc_example.c`, whole/ { want = 1 } want && /^```$/ && on { exit } on { print }
+	want && /^```c$/ { on = 1 }' README.md >"$tmp/readme_example.c"
+if cmp -s "$tmp/readme_example.c" tools/kvc_example.c; then
+	ok "README.md shows tools/kvc_example.c as it is"
+else
+	diff -u tools/kvc_example.c "$tmp/readme_example.c"
+	bad "README.md's kvc_example.c differs from tools/kvc_example.c"
+fi
 if have pkg-config && have cc; then
-	cat >"$tmp/client.c" <<'EOF'
-/* Built only from the installed header and library. */
-#include <stdio.h>
-#include <string.h>
-#include <kvclient.h>
-
-int main(int argc, char **argv)
-{
-	char path[256];
-	if (kvc_abi_version() != KVD_ABI_VERSION || kvc_default_socket(path, sizeof(path)) <= 0)
-		return 3;
-	if (argc < 2) {
-		printf("abi %u\n", kvc_abi_version());
-		return 0;
-	}
-	struct kvc_conn *c;
-	struct kvd_sqe sqe;
-	struct kvd_cqe cqe;
-	uint32_t s, in, out;
-	const char *p = "Hello";
-	int err = kvc_connect(&c, argv[1]);
-	if (err || (err = kvc_session_open(c, &s)) || (err = kvc_arena_alloc(c, 8, &in)) ||
-	    (err = kvc_arena_alloc(c, 4 * sizeof(uint32_t), &out))) {
-		fprintf(stderr, "client: %s\n", strerror(-err));
-		return 1;
-	}
-	memcpy(kvc_arena(c, NULL) + in, p, strlen(p));
-	kvc_prep_generate(&sqe, s, 0, 1, in, strlen(p), out, 4);
-	sqe.flags = KVD_SQE_TEXT;
-	if ((err = kvc_submit(c, &sqe)) || (err = kvc_wait(c, &cqe, 30000)) || cqe.res <= 0) {
-		fprintf(stderr, "client: %s (res %d)\n", strerror(-err), cqe.res);
-		return 1;
-	}
-	printf("model %s, %d tokens\n", kvc_info(c)->model_name, cqe.res);
-	kvc_close(c);
-	return 0;
-}
-EOF
 	export PKG_CONFIG_SYSROOT_DIR="$root" PKG_CONFIG_LIBDIR="$root/usr/lib/pkgconfig"
 	flags=$(pkg-config --cflags --libs kvclient)
 	unset PKG_CONFIG_SYSROOT_DIR PKG_CONFIG_LIBDIR
 	# shellcheck disable=SC2086
-	if cc -o "$tmp/client" "$tmp/client.c" $flags 2>"$tmp/cc.log" &&
+	# Only the installed tree: no -I. to find the source tree's headers by.
+	# Without a daemon it runs and says why it cannot connect.
+	if cc -o "$tmp/client" tools/kvc_example.c $flags 2>"$tmp/cc.log" &&
 		LD_LIBRARY_PATH="$root/usr/lib" ldd "$tmp/client" | grep -q "$root/usr/lib/libkvclient.so.2" &&
-		LD_LIBRARY_PATH="$root/usr/lib" "$tmp/client" >/dev/null; then
-		ok "cc client.c \$(pkg-config --cflags --libs kvclient) [$flags] links and runs"
+		! KVD_SOCKET="$tmp/none.sock" LD_LIBRARY_PATH="$root/usr/lib" "$tmp/client" 2>"$tmp/run.log" &&
+		grep -q "^kvc_example: " "$tmp/run.log"; then
+		ok "cc tools/kvc_example.c \$(pkg-config --cflags --libs kvclient) [$flags] links and runs"
 	else
-		cat "$tmp/cc.log"
-		bad "a client built with pkg-config against the installed tree"
+		cat "$tmp/cc.log" "$tmp/run.log" 2>/dev/null
+		bad "the README's kvc_example.c built with pkg-config against the installed tree"
 	fi
 	# And against a real daemon, when one can run here.
 	sock=$tmp/kvd.sock
@@ -202,8 +176,9 @@ EOF
 		done
 		if [ ! -S "$sock" ] && grep -q "io_uring" "$tmp/kvd.log"; then
 			skipped "installed client against a daemon: io_uring is not available here"
-		elif out=$(LD_LIBRARY_PATH="$root/usr/lib" "$tmp/client" "$sock"); then
-			ok "installed client generates through the installed kvd: $out"
+		elif out=$(KVD_SOCKET="$sock" LD_LIBRARY_PATH="$root/usr/lib" "$tmp/client" "Say hello.") &&
+			echo "$out" | grep -q '^\[[1-9][0-9]* tokens, '; then
+			ok "installed kvc_example streams a chat turn through the installed kvd: $(echo "$out" | tail -n 1)"
 		else
 			cat "$tmp/kvd.log"
 			bad "installed client against the installed kvd"

@@ -53,18 +53,46 @@ int tool_parse_double(const char *who, const char *opt, const char *s, double lo
 	return rc;
 }
 
+/* "group NAME" of st, or "group GID" when it has no name. */
+static const char *group_of(const struct stat *st, char *buf, size_t len)
+{
+	struct group *g = getgrgid(st->st_gid);
+	if (g)
+		snprintf(buf, len, "%s", g->gr_name);
+	else
+		snprintf(buf, len, "%u", (unsigned)st->st_gid);
+	return buf;
+}
+
+/*
+ * The system daemon's socket exists though path does not (a user's
+ * default is under $XDG_RUNTIME_DIR): say how to reach it, and whether
+ * this user may. 0 when there is no such socket.
+ */
+static int system_socket_hint(const char *path, char *buf, size_t len)
+{
+	struct stat st;
+	char grp[64];
+	if (!strcmp(path, SYSTEM_SOCKET) || stat(SYSTEM_SOCKET, &st) || !S_ISSOCK(st.st_mode))
+		return 0;
+	int n = snprintf(buf, len, "the system daemon listens on %s: set KVD_SOCKET=%s (or pass --socket %s)",
+			 SYSTEM_SOCKET, SYSTEM_SOCKET, SYSTEM_SOCKET);
+	/* (Truncation is harmless here: the hint is cut, never overrun.) */
+	if (n >= 0 && (size_t)n < len && access(SYSTEM_SOCKET, W_OK))
+		n = snprintf(buf + n, len - (size_t)n, "\n  membership of its group %s grants access "
+			 "(usermod -aG %s USER, then log in again)", group_of(&st, grp, sizeof(grp)), grp);
+	return 1;
+}
+
 /* What to do about err on path, or NULL when the reason says it all. */
 static const char *connect_hint(const char *path, int err, char *buf, size_t len)
 {
 	struct stat st;
+	char grp[64];
 	switch (err) {
 	case -ENOENT:
-		/* A user's default is under $XDG_RUNTIME_DIR; the system daemon listens elsewhere. */
-		if (strcmp(path, SYSTEM_SOCKET) && !access(SYSTEM_SOCKET, F_OK)) {
-			snprintf(buf, len, "the system daemon listens on %s: pass --socket %s (or set KVD_SOCKET)",
-				 SYSTEM_SOCKET, SYSTEM_SOCKET);
+		if (system_socket_hint(path, buf, len))
 			return buf;
-		}
 		return "is kvd running? start it (systemctl start kvd.socket, or kvd --model FILE), "
 		       "or pass --socket PATH (or set KVD_SOCKET) for one listening elsewhere";
 	case -ECONNREFUSED:
@@ -72,10 +100,11 @@ static const char *connect_hint(const char *path, int err, char *buf, size_t len
 	case -EACCES:
 	case -EPERM:
 		if (!stat(path, &st) && S_ISSOCK(st.st_mode)) {
-			struct group *g = getgrgid(st.st_gid);
-			snprintf(buf, len, "the socket is mode %04o, group %s: join that group (usermod -aG %s USER, "
-				 "then log in again), or run as its owner", (unsigned)(st.st_mode & 07777),
-				 g ? g->gr_name : "?", g ? g->gr_name : "GROUP");
+			group_of(&st, grp, sizeof(grp));
+			if (snprintf(buf, len, "the socket is mode %04o, group %s: membership of group %s grants "
+				 "access (usermod -aG %s USER, then log in again)",
+				 (unsigned)(st.st_mode & 07777), grp, grp, grp) < 0)
+				return NULL;
 			return buf;
 		}
 		return "a directory on the way to the socket is not searchable for this user";
@@ -99,7 +128,7 @@ static const char *connect_hint(const char *path, int err, char *buf, size_t len
 
 void tool_connect_explain(const char *who, const char *path, int err)
 {
-	char def[sizeof(((struct sockaddr_un *)0)->sun_path)], hint[256];
+	char def[sizeof(((struct sockaddr_un *)0)->sun_path)], hint[512];
 	if (!path)
 		path = kvc_default_socket(def, sizeof(def)) >= 0 ? def : "(the default socket)";
 	const char *h = connect_hint(path, err, hint, sizeof(hint));

@@ -12,6 +12,7 @@ struct kvc_conn;
 /* Exit statuses of every tool. */
 #define TOOL_EXIT_RUNTIME	1
 #define TOOL_EXIT_USAGE		2
+#define TOOL_EXIT_SHUTDOWN	3	/* kvctl: the daemon is shutting down (a drain ended the request) */
 
 /*
  * s, as a whole, an unsigned integer (decimal, 0x hex, or octal after a 0)

@@ -10,10 +10,11 @@
 #include <unistd.h>
 #include "shm/kvclient.h"
 #include "tools/common.h"
+#include "tools/turn.h"
 #include "uapi/kvd.h"
 
-#define SLOT		0
-#define WAIT_MS		200	/* kvc_wait() slices, so a SIGINT that misses poll() is seen */
+#define POLL_US_DEFAULT	1000	/* --poll: spin this long after each completion, then sleep */
+#define POLL_US_MAX	1000000
 
 static const char *global_socket;	/* --socket before the command */
 
@@ -26,18 +27,10 @@ static void catch_sigint(void)
 /* ---------------------------------------------------------------------- */
 /* Options.                                                               */
 
-struct opts {
-	const char		*socket;	/* NULL: the library's default */
-	uint32_t		max_tokens;
-	struct kvc_sampling	sp;
-	int			raw;
-	int			json;
-	int			poll;		/* busy-poll the CQ: never sleep, never need a wake-up */
-};
 
 enum {
 	OPT_SOCKET = 256, OPT_TEMP, OPT_TOP_K, OPT_TOP_P, OPT_MIN_P, OPT_REPEAT, OPT_SEED,
-	OPT_RAW, OPT_JSON, OPT_POLL,
+	OPT_RAW, OPT_JSON, OPT_POLL, OPT_CHAT, OPT_SYSTEM, OPT_SPECIAL,
 };
 
 static const struct option gen_longopts[] = {
@@ -51,7 +44,10 @@ static const struct option gen_longopts[] = {
 	{ "seed", required_argument, NULL, OPT_SEED },
 	{ "raw", no_argument, NULL, OPT_RAW },
 	{ "json", no_argument, NULL, OPT_JSON },
-	{ "poll", no_argument, NULL, OPT_POLL },
+	{ "poll", optional_argument, NULL, OPT_POLL },
+	{ "chat", no_argument, NULL, OPT_CHAT },
+	{ "system", required_argument, NULL, OPT_SYSTEM },
+	{ "special", no_argument, NULL, OPT_SPECIAL },
 	{ "help", no_argument, NULL, 'h' },
 	{ NULL, 0, NULL, 0 },
 };
@@ -69,7 +65,7 @@ static const char usage_main[] =
 	"                    else $XDG_RUNTIME_DIR/kvd.sock)\n"
 	"  -h, --help        this text; COMMAND --help for a command's options\n"
 	"\n"
-	"exit status: 0 ok, 1 runtime error, 2 usage error\n";
+	"exit status: 0 ok, 1 runtime error, 2 usage error, 3 the daemon is shutting down\n";
 
 static const char usage_sampling[] =
 	"  -n, --n-predict N   tokens to generate (default %u)\n"
@@ -78,8 +74,7 @@ static const char usage_sampling[] =
 	"      --top-p P       nucleus sampling mass (1: off)\n"
 	"      --min-p P       drop tokens below P x the top probability (0: off)\n"
 	"      --repeat-penalty R  penalise the last 64 tokens (1: off)\n"
-	"      --seed S        sampler seed (default 0)\n"
-	"      --socket PATH   daemon socket\n";
+	"      --seed S        sampler seed (default 0)\n";
 
 static void usage_generate(FILE *f)
 {
@@ -87,7 +82,14 @@ static void usage_generate(FILE *f)
 		"Streams the continuation of PROMPT (UTF-8 text, tokenized by the daemon) to\n"
 		"stdout and a summary to stderr; Ctrl-C cancels the request.\n\n");
 	fprintf(f, usage_sampling, 128u);
-	fprintf(f, "      --poll          busy-poll for completions (a core spins; no wake-ups)\n");
+	fprintf(f, "  -n 0                prefill only: cache the prompt, generate nothing\n"
+		"      --socket PATH   daemon socket\n"
+		"      --chat          the prompt is a user turn in the model's chat template\n"
+		"      --system TEXT   with --chat: a system message before it\n"
+		"      --special       read special tokens' spellings (<|im_end|>) in the prompt as\n"
+		"                      those tokens (default: plain text; trusted text only)\n"
+		"      --poll[=USEC]   busy-poll for completions, up to USEC (default %u) after each\n"
+		"                      before sleeping\n", POLL_US_DEFAULT);
 	fprintf(f, "      --raw           print token ids instead of text\n"
 		"      --json          print one JSON object at the end instead\n"
 		"  -h, --help\n");
@@ -100,7 +102,11 @@ static void usage_chat(FILE *f)
 		"conversation lives in the daemon's KV cache. /reset forgets it; Ctrl-C\n"
 		"cancels a reply (at the prompt it quits, as does end of input).\n\n");
 	fprintf(f, usage_sampling, 256u);
-	fprintf(f, "  -h, --help\n");
+	fprintf(f, "      --socket PATH   daemon socket\n"
+		"      --system TEXT   a system message before the first turn (and after /reset)\n"
+		"      --special       read special tokens' spellings in turns as those tokens\n"
+		"      --poll[=USEC]   busy-poll for completions, up to USEC (default %u) after each\n"
+		"  -h, --help\n", POLL_US_DEFAULT);
 }
 
 static void usage_stats(FILE *f)
@@ -118,8 +124,8 @@ static void usage_info(FILE *f)
  * generate and chat, --json by the others. Returns 0, 1 after --help, or
  * TOOL_EXIT_USAGE after a message.
  */
-static int parse_opts(int argc, char **argv, struct opts *o, int sampling,
-		      void (*usage)(FILE *))
+static int parse_opts(int argc, char **argv, struct kvctl_opts *o, int sampling,
+		      void (*usage)(FILE *), uint64_t n_min)
 {
 	static const struct option simple[] = {
 		{ "socket", required_argument, NULL, OPT_SOCKET },
@@ -139,10 +145,17 @@ static int parse_opts(int argc, char **argv, struct opts *o, int sampling,
 		switch (ch) {
 		case OPT_SOCKET: o->socket = optarg; break;
 		case OPT_RAW: o->raw = 1; break;
-		case OPT_POLL: o->poll = 1; break;
+		case OPT_POLL:
+			u = POLL_US_DEFAULT;
+			bad = optarg ? tool_parse_u64(who, "--poll", optarg, 1, POLL_US_MAX, &u) : 0;
+			o->poll_us = (unsigned int)u;
+			break;
 		case OPT_JSON: o->json = 1; break;
+		case OPT_CHAT: o->chat = 1; break;
+		case OPT_SYSTEM: o->system = optarg; break;
+		case OPT_SPECIAL: o->special = 1; break;
 		case 'n':
-			bad = tool_parse_u64(who, "-n", optarg, 1, UINT32_MAX / 4, &u);
+			bad = tool_parse_u64(who, "-n", optarg, n_min, UINT32_MAX / 4, &u);
 			o->max_tokens = (uint32_t)u;
 			break;
 		case OPT_TEMP:
@@ -185,189 +198,14 @@ static int parse_opts(int argc, char **argv, struct opts *o, int sampling,
 /* ---------------------------------------------------------------------- */
 /* Connection.                                                            */
 
-static struct kvc_conn *connect_or_complain(const char *path)
+/* NULL after saying why; *rc (may be NULL) the exit status that goes with it. */
+static struct kvc_conn *connect_or_complain(const char *path, int *rc)
 {
 	struct kvc_conn *c;
-	return tool_connect(&c, path, "kvctl") ? NULL : c;
-}
-
-/* ---------------------------------------------------------------------- */
-/* One GENERATE, streamed.                                                */
-
-struct turn {
-	uint32_t	n;		/* tokens produced */
-	uint32_t	flags;		/* of the final CQE */
-	int		res;		/* the final CQE's res: n, or -errno */
-	uint32_t	out_off;	/* where the ids are in the arena */
-	double		t_submit, t_first, t_last, t_end;
-};
-
-struct printer {
-	struct kvc_conn	*c;
-	int		raw;
-	int		quiet;		/* --json: print at the end instead */
-	int		warned;
-	struct kvc_utf8	u;
-};
-
-static void print_token(struct printer *pr, uint32_t id)
-{
-	if (pr->quiet)
-		return;
-	if (pr->raw) {
-		printf("%" PRIu32 " ", id);
-		return;
-	}
-	uint32_t len;
-	const char *s = kvc_token_bytes(pr->c, id, &len);
-	if (!s) {
-		printf("<%" PRIu32 ">", id);
-		return;
-	}
-	char buf[256 + 3];
-	while (len) {
-		uint32_t k = len < 256 ? len : 256;
-		fwrite(buf, 1, kvc_utf8_feed(&pr->u, s, k, buf), stdout);
-		s += k;
-		len -= k;
-	}
-}
-
-static const char *stop_name(uint32_t flags)
-{
-	if (flags & KVD_CQE_CANCELLED)
-		return "cancelled";
-	if (flags & KVD_CQE_EOS)
-		return "eos";
-	if (flags & KVD_CQE_LENGTH)
-		return "length";
-	return "none";
-}
-
-/*
- * One CQE of a streaming turn: print the tokens it brings (out: the output
- * buffer in the arena, *printed: how many are out already). Returns 1 when
- * the turn is over (t filled in), 0 while it goes on.
- */
-static int turn_cqe(const struct kvd_cqe *cqe, const uint32_t *out, uint32_t *printed,
-		    struct printer *pr, const struct opts *o, struct turn *t)
-{
-	if (cqe->res < 0) {
-		t->res = cqe->res;
-		t->t_end = tool_now_s();
-		return 1;
-	}
-	int more = cqe->flags & KVD_CQE_MORE;
-	uint32_t upto = more ? cqe->n_out : (uint32_t)cqe->res;
-	if (upto > o->max_tokens) {
-		fprintf(stderr, "kvctl: protocol: CQE says %u tokens, asked for %u\n", upto,
-			o->max_tokens);
-		upto = o->max_tokens;
-	}
-	if (more && upto && cqe->token != out[upto - 1] && !pr->warned++)
-		fprintf(stderr, "kvctl: protocol: CQE token %u but arena[%u] = %u\n", cqe->token,
-			upto - 1, out[upto - 1]);
-	if (upto > *printed && !t->t_first)
-		t->t_first = tool_now_s();
-	for (; *printed < upto; (*printed)++)
-		print_token(pr, out[*printed]);
-	if (!more) {
-		t->res = cqe->res;
-		t->n = upto;
-		t->flags = cqe->flags;
-		t->t_end = tool_now_s();
-		return 1;
-	}
-	t->t_last = tool_now_s();
-	return 0;
-}
-
-/*
- * Put text in the arena, submit one GENERATE (flags | STREAM) as user_data
- * ud and print its tokens as they come; a SIGINT sends CANCEL (as ud + 1).
- * The request's own failure lands in t->res; returns 0 or -errno when the
- * connection itself fails.
- */
-static int run_turn(struct kvc_conn *c, uint32_t session, uint64_t ud, const char *text,
-		    size_t len, uint16_t flags, const struct opts *o, struct turn *t)
-{
-	struct printer pr = { .c = c, .raw = o->raw, .quiet = o->json };
-	struct kvd_sqe sqe;
-	struct kvd_cqe cqe;
-	uint32_t in_off;
-	int cancel_sent = 0, err, poll_cq = o->poll;
-
-	memset(t, 0, sizeof(*t));
-	kvc_arena_reset(c);
-	uint8_t *arena = kvc_arena(c, NULL);
-	if (len > UINT32_MAX || kvc_arena_alloc(c, (uint32_t)len, &in_off) ||
-	    kvc_arena_alloc(c, o->max_tokens * 4, &t->out_off)) {
-		t->res = -EMSGSIZE;
-		return 0;
-	}
-	memcpy(arena + in_off, text, len);
-	const uint32_t *out = (const uint32_t *)(arena + t->out_off);
-
-	kvc_prep_generate(&sqe, session, SLOT, ud, in_off, (uint32_t)len, t->out_off,
-			  o->max_tokens);
-	sqe.flags = flags | KVD_SQE_STREAM;
-	kvc_prep_sampling(&sqe, &o->sp);	/* ranges were checked while parsing */
-	t->t_submit = tool_now_s();
-	err = kvc_submit(c, &sqe);
-	if (err)
-		return err;
-
-	uint32_t printed = 0;
-	for (;;) {
-		if (tool_interrupted && !cancel_sent) {
-			kvc_prep_cancel(&sqe, session, ud + 1, ud);
-			err = kvc_submit(c, &sqe);
-			if (err && err != -EAGAIN)
-				return err;
-			cancel_sent = !err;
-		}
-		if (poll_cq) {
-			while ((err = kvc_peek(c, &cqe)) == -EAGAIN && !tool_interrupted)
-				;
-		} else {
-			err = kvc_wait(c, &cqe, WAIT_MS);
-		}
-		if (err == -ETIMEDOUT || err == -EINTR || err == -EAGAIN)
-			continue;
-		if (err)
-			return err;
-		do {
-			/* Others are our CANCEL's, or an earlier turn's. */
-			if (cqe.user_data == ud && turn_cqe(&cqe, out, &printed, &pr, o, t))
-				goto done;
-		} while (kvc_peek(c, &cqe) == 0);
-		fflush(stdout);
-	}
-done:
-	/* A character the stream ended inside of stays unprinted. */
-	if (!pr.quiet)
-		fflush(stdout);
-	if (t->n && t->t_last < t->t_first)
-		t->t_last = t->t_end;
-	return 0;
-}
-
-/* Decode speed: tokens after the first over the time they took. */
-static double turn_rate(const struct turn *t)
-{
-	if (t->n >= 2 && t->t_last > t->t_first)
-		return (t->n - 1) / (t->t_last - t->t_first);
-	return t->t_end > t->t_submit ? t->n / (t->t_end - t->t_submit) : 0;
-}
-
-/* The request's failure as one line; hints where the fix is the user's. */
-static void report_error(int res)
-{
-	const char *hint = res == -EMSGSIZE ? " (prompt plus -n do not fit the shared arena)" :
-			   res == -E2BIG ? " (prompt plus -n exceed the context length)" :
-			   res == -ERANGE ? " (token id outside the vocabulary)" :
-			   res == -EOPNOTSUPP || res == -EINVAL ? " (daemon refused the request)" : "";
-	fprintf(stderr, "kvctl: request failed: %s%s\n", strerror(-res), hint);
+	int err = tool_connect(&c, path, "kvctl");
+	if (rc)
+		*rc = err == -ESHUTDOWN ? TOOL_EXIT_SHUTDOWN : TOOL_EXIT_RUNTIME;
+	return err ? NULL : c;
 }
 
 static char *read_all(FILE *f, size_t *len)
@@ -387,12 +225,16 @@ static char *read_all(FILE *f, size_t *len)
 	return buf;
 }
 
-/* Connect to a daemon that takes text prompts and open a session; NULL after saying why. */
-static struct kvc_conn *open_text_session(const struct opts *o, uint32_t *session)
+/*
+ * Connect to a daemon that takes text prompts and open a session; NULL
+ * after saying why, with the exit status in *rc.
+ */
+static struct kvc_conn *open_text_session(const struct kvctl_opts *o, uint32_t *session, int *rc)
 {
-	struct kvc_conn *c = connect_or_complain(o->socket);
+	struct kvc_conn *c = connect_or_complain(o->socket, rc);
 	if (!c)
 		return NULL;
+	*rc = TOOL_EXIT_RUNTIME;
 	if (!(kvc_info(c)->features & KVD_FEAT_TEXT)) {
 		fprintf(stderr, "kvctl: the daemon does not take text prompts\n");
 		kvc_close(c);
@@ -400,11 +242,44 @@ static struct kvc_conn *open_text_session(const struct opts *o, uint32_t *sessio
 	}
 	int err = kvc_session_open(c, session);
 	if (err) {
-		fprintf(stderr, "kvctl: cannot open a session: %s\n", strerror(-err));
+		fprintf(stderr, "kvctl: cannot open a session: %s\n", kvc_strerror(err));
+		if (err == -ESHUTDOWN)
+			*rc = TOOL_EXIT_SHUTDOWN;
 		kvc_close(c);
 		return NULL;
 	}
 	return c;
+}
+
+/*
+ * The SQE flags of a text turn the options ask for, from what the daemon
+ * granted: plain text unless --special (a daemon without plain_text reads
+ * text its own way), a progress line on a terminal. 0, or -EOPNOTSUPP
+ * after saying which option this daemon cannot serve.
+ */
+static int text_flags(struct kvc_conn *c, const struct kvctl_opts *o, int chat, uint16_t *flags)
+{
+	const uint32_t feat = kvc_info(c)->features;
+	uint16_t f = KVD_SQE_TEXT | (chat ? KVD_SQE_CHAT : 0);
+	const char *missing = NULL;
+
+	if (o->system && !(feat & KVD_FEAT_SYSTEM))
+		missing = "--system: this daemon does not take a system message (feature system)";
+	else if (o->special && chat && !(feat & KVD_FEAT_PLAIN_TEXT))
+		missing = "--special: this daemon cannot parse special tokens in chat messages "
+			  "(feature plain_text)";
+	if (missing) {
+		fprintf(stderr, "kvctl: %s\n", missing);
+		return -EOPNOTSUPP;
+	}
+	if (o->special && chat)
+		f |= KVD_SQE_SPECIAL;
+	else if (!o->special && !chat && (feat & KVD_FEAT_PLAIN_TEXT))
+		f |= KVD_SQE_PLAIN;
+	if ((feat & KVD_FEAT_PROGRESS) && isatty(STDERR_FILENO))
+		f |= KVD_SQE_PROGRESS;
+	*flags = f;
+	return 0;
 }
 
 /* generate --json: the turn's text, its token ids, why it stopped and its speed. */
@@ -439,17 +314,49 @@ static int print_turn_json(struct kvc_conn *c, const struct turn *t, double rate
 	return 0;
 }
 
-static int cmd_generate(int argc, char **argv)
+/* generate's summary on stderr, or its JSON object on stdout. 0 or -errno. */
+static int generate_report(struct kvc_conn *c, const struct turn *t, const struct kvctl_opts *o)
 {
-	struct opts o = { .socket = global_socket, .max_tokens = 128 };
-	int rc = parse_opts(argc, argv, &o, 1, usage_generate);
+	double rate = turn_rate(t);
+	if (o->max_tokens == 0) {
+		if (o->json)
+			printf("{\"text\":\"\",\"tokens\":[],\"stop\":\"prefill\",\"positions\":%u}\n", t->n);
+		fprintf(stderr, "kvctl: prefill only: %u prompt positions cached, no tokens generated\n",
+			t->n);
+		return 0;
+	}
+	if (o->json)
+		return print_turn_json(c, t, rate);
+	putchar('\n');
+	fprintf(stderr, "kvctl: %u tokens in %.2f s, %.1f tok/s, first token %.0f ms, stop: %s\n",
+		t->n, t->t_end - t->t_submit, rate,
+		t->t_first ? (t->t_first - t->t_submit) * 1e3 : 0.0, stop_name(t->flags));
+	return 0;
+}
+
+/* generate's own checks of its options and PROMPT: 0, 1 after --help, or TOOL_EXIT_USAGE. */
+static int generate_args(int argc, char **argv, struct kvctl_opts *o)
+{
+	int rc = parse_opts(argc, argv, o, 1, usage_generate, 0);
 	if (rc)
-		return rc == 1 ? 0 : rc;
-	if (optind != argc - 1) {
-		fprintf(stderr, "kvctl generate: expected one PROMPT\n");
+		return rc;
+	const char *bad = optind != argc - 1 ? "expected one PROMPT" :
+			  o->system && !o->chat ? "--system needs --chat (a system message is a chat turn)" :
+			  NULL;
+	if (bad) {
+		fprintf(stderr, "kvctl generate: %s\n", bad);
 		usage_generate(stderr);
 		return TOOL_EXIT_USAGE;
 	}
+	return 0;
+}
+
+static int cmd_generate(int argc, char **argv)
+{
+	struct kvctl_opts o = { .socket = global_socket, .max_tokens = 128 };
+	int rc = generate_args(argc, argv, &o);
+	if (rc)
+		return rc == 1 ? 0 : rc;
 	char *stdin_text = NULL;
 	const char *prompt = argv[optind];
 	size_t len = strlen(prompt);
@@ -461,33 +368,37 @@ static int cmd_generate(int argc, char **argv)
 		}
 	}
 
-	rc = TOOL_EXIT_RUNTIME;
 	uint32_t session;
-	struct kvc_conn *c = open_text_session(&o, &session);
+	uint16_t flags;
+	struct kvc_conn *c = open_text_session(&o, &session, &rc);
 	if (!c)
 		goto out_free;
+	rc = TOOL_EXIT_RUNTIME;
+	if (text_flags(c, &o, o.chat, &flags))
+		goto out_close;
+	if (o.poll_us)
+		kvc_set_spin(c, o.poll_us);
 
 	struct turn t;
 	catch_sigint();
-	int err = run_turn(c, session, 1, prompt, len, KVD_SQE_TEXT, &o, &t);
+	int err = run_turn(c, session, 1, prompt, len, o.system, flags, &o, &t);
 	if (err) {
 		fprintf(stderr, "\nkvctl: %s\n", tool_conn_error(err));
 		goto out_close;
 	}
-	if (t.res < 0) {
-		report_error(t.res);
+	if (turn_shutdown(&t)) {
+		if (t.n && !o.json && o.max_tokens)
+			putchar('\n');
+		fprintf(stderr, "kvctl: kvd is shutting down (%u tokens were generated)\n", t.n);
+		rc = TOOL_EXIT_SHUTDOWN;
 		goto out_close;
 	}
-	double rate = turn_rate(&t);
-	if (o.json) {
-		if (print_turn_json(c, &t, rate))
-			goto out_close;
-	} else {
-		putchar('\n');
-		fprintf(stderr, "kvctl: %u tokens in %.2f s, %.1f tok/s, first token %.0f ms, stop: %s\n",
-			t.n, t.t_end - t.t_submit, rate,
-			t.t_first ? (t.t_first - t.t_submit) * 1e3 : 0.0, stop_name(t.flags));
+	if (t.res < 0) {
+		report_error(c, &t, &o);
+		goto out_close;
 	}
+	if (generate_report(c, &t, &o))
+		goto out_close;
 	rc = fflush(stdout) ? TOOL_EXIT_RUNTIME : 0;
 out_close:
 	kvc_close(c);
@@ -523,85 +434,125 @@ static int reset_slot(struct kvc_conn *c, uint32_t session, uint64_t ud)
 	if (!err)
 		err = wait_for(c, ud);
 	if (err < 0 && err != -ECONNRESET && err != -EPIPE)
-		fprintf(stderr, "kvctl: reset failed: %s\n", strerror(-err));
+		fprintf(stderr, "kvctl: reset failed: %s\n", kvc_strerror(err));
 	return err < 0 ? err : 0;
 }
 
-static int cmd_chat(int argc, char **argv)
-{
-	struct opts o = { .socket = global_socket, .max_tokens = 256 };
-	int rc = parse_opts(argc, argv, &o, 1, usage_chat);
-	if (rc)
-		return rc == 1 ? 0 : rc;
-	if (optind != argc) {
-		usage_chat(stderr);
-		return TOOL_EXIT_USAGE;
-	}
-	uint32_t session;
-	struct kvc_conn *c = open_text_session(&o, &session);
-	if (!c)
-		return TOOL_EXIT_RUNTIME;
-	rc = TOOL_EXIT_RUNTIME;
-	int err;
+struct chat {
+	struct kvc_conn	*c;
+	uint32_t	session;
+	uint64_t	ud;
+	uint16_t	flags;		/* TEXT|CHAT and what text_flags() added */
+	int		history;	/* the slot holds earlier turns: APPEND to them */
+	int		tty;
+};
 
-	catch_sigint();
-	const int tty = isatty(STDIN_FILENO);
+/*
+ * One line of input: /reset, or a user turn and its streamed reply. 0 to
+ * go on, 1 when the daemon is shutting down, -errno when the connection
+ * is lost.
+ */
+static int chat_line(struct chat *ch, const char *line, size_t n, const struct kvctl_opts *o)
+{
+	ch->ud += 2;
+	if (!strcmp(line, "/reset")) {
+		int err = reset_slot(ch->c, ch->session, ch->ud);
+		if (err == -ECONNRESET || err == -EPIPE)
+			return err;
+		if (err == -ESHUTDOWN)
+			return 1;
+		if (err < 0)
+			return 0;
+		ch->history = 0;
+		if (ch->tty)
+			fprintf(stderr, "(history cleared)\n");
+		return 0;
+	}
+	struct turn t;
+	uint16_t flags = ch->flags | (ch->history ? KVD_SQE_APPEND : 0);
+	/* The system message opens the conversation; later turns come after it. */
+	int err = run_turn(ch->c, ch->session, ch->ud, line, n, ch->history ? NULL : o->system,
+			   flags, o, &t);
+	if (err)
+		return err;
+	if (turn_shutdown(&t)) {
+		if (t.n)
+			putchar('\n');
+		return 1;
+	}
+	if (t.res < 0) {
+		report_error(ch->c, &t, o);
+		if (t.res == -E2BIG && ch->history)
+			fprintf(stderr, "kvctl: the conversation is full; /reset starts over\n");
+		return 0;
+	}
+	ch->history = 1;
+	putchar('\n');
+	if (t.flags & KVD_CQE_CANCELLED)
+		fprintf(stderr, "(cancelled)\n");
+	fflush(stdout);
+	return 0;
+}
+
+/* Turns until end of input: 0, 1 when the daemon shuts down, -errno when it went away. */
+static int chat_loop(struct chat *ch, const struct kvctl_opts *o)
+{
 	char *line = NULL;
 	size_t cap = 0;
-	uint64_t ud = 0;
-	int history = 0;	/* the slot holds earlier turns: APPEND to them */
-	for (;;) {
-		if (tty) {
+	int rc = 0;
+	while (!rc) {
+		if (ch->tty) {
 			fputs("> ", stdout);
 			fflush(stdout);
 		}
 		tool_interrupted = 0;
 		ssize_t n = getline(&line, &cap, stdin);
 		if (n < 0) {
-			if (tty)
+			if (ch->tty)
 				putchar('\n');
 			break;
 		}
 		while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r'))
 			line[--n] = '\0';
-		if (n == 0)
-			continue;
-		ud += 2;
-		if (!strcmp(line, "/reset")) {
-			err = reset_slot(c, session, ud);
-			if (err == -ECONNRESET || err == -EPIPE)
-				goto conn_lost;
-			if (err < 0)
-				continue;
-			history = 0;
-			if (tty)
-				fprintf(stderr, "(history cleared)\n");
-			continue;
-		}
-		struct turn t;
-		uint16_t flags = KVD_SQE_TEXT | KVD_SQE_CHAT | (history ? KVD_SQE_APPEND : 0);
-		err = run_turn(c, session, ud, line, (size_t)n, flags, &o, &t);
-		if (err)
-			goto conn_lost;
-		if (t.res < 0) {
-			report_error(t.res);
-			if (t.res == -E2BIG && history)
-				fprintf(stderr, "kvctl: the conversation is full; /reset starts over\n");
-			continue;
-		}
-		history = 1;
-		putchar('\n');
-		if (t.flags & KVD_CQE_CANCELLED)
-			fprintf(stderr, "(cancelled)\n");
-		fflush(stdout);
+		if (n > 0)
+			rc = chat_line(ch, line, (size_t)n, o);
 	}
-	rc = 0;
-	goto out_line;
-conn_lost:
-	fprintf(stderr, "\nkvctl: %s\n", tool_conn_error(err));
-out_line:
 	free(line);
-	kvc_close(c);
+	return rc;
+}
+
+static int cmd_chat(int argc, char **argv)
+{
+	struct kvctl_opts o = { .socket = global_socket, .max_tokens = 256 };
+	int rc = parse_opts(argc, argv, &o, 1, usage_chat, 1);
+	if (rc)
+		return rc == 1 ? 0 : rc;
+	if (optind != argc) {
+		usage_chat(stderr);
+		return TOOL_EXIT_USAGE;
+	}
+	struct chat ch = { .tty = isatty(STDIN_FILENO) };
+	ch.c = open_text_session(&o, &ch.session, &rc);
+	if (!ch.c)
+		return rc;
+	if (text_flags(ch.c, &o, 1, &ch.flags)) {
+		kvc_close(ch.c);
+		return TOOL_EXIT_RUNTIME;
+	}
+	if (o.poll_us)
+		kvc_set_spin(ch.c, o.poll_us);
+	catch_sigint();
+	int err = chat_loop(&ch, &o);
+	if (err == 1) {
+		fprintf(stderr, "kvctl: kvd is shutting down\n");
+		rc = TOOL_EXIT_SHUTDOWN;
+	} else if (err) {
+		fprintf(stderr, "\nkvctl: %s\n", tool_conn_error(err));
+		rc = TOOL_EXIT_RUNTIME;
+	} else {
+		rc = 0;
+	}
+	kvc_close(ch.c);
 	return rc;
 }
 
@@ -612,28 +563,28 @@ static const struct { const char *name; size_t off; int u32; } stats_fields[] = 
 #define F(x) { #x, offsetof(struct kvd_stats_rep, x), sizeof(((struct kvd_stats_rep *)0)->x) == 4 }
 	F(requests), F(tokens_prefilled), F(tokens_generated), F(kv_blocks_total),
 	F(kv_blocks_used), F(kv_blocks_cached), F(prefix_hit_tokens), F(prefix_miss_tokens),
-	F(evictions), F(preemptions), F(connections), F(sessions),
+	F(evictions), F(preemptions), F(connections), F(sessions), F(steps),
 #undef F
 };
 
 static int cmd_stats(int argc, char **argv)
 {
-	struct opts o = { .socket = global_socket };
-	int rc = parse_opts(argc, argv, &o, 0, usage_stats);
+	struct kvctl_opts o = { .socket = global_socket };
+	int rc = parse_opts(argc, argv, &o, 0, usage_stats, 0);
 	if (rc)
 		return rc == 1 ? 0 : rc;
 	if (optind != argc) {
 		usage_stats(stderr);
 		return TOOL_EXIT_USAGE;
 	}
-	struct kvc_conn *c = connect_or_complain(o.socket);
+	struct kvc_conn *c = connect_or_complain(o.socket, &rc);
 	if (!c)
-		return TOOL_EXIT_RUNTIME;
+		return rc;
 	struct kvd_stats_rep st;
 	int err = kvc_stats(c, &st);
 	kvc_close(c);
 	if (err) {
-		fprintf(stderr, "kvctl: stats: %s\n", strerror(-err));
+		fprintf(stderr, "kvctl: stats: %s\n", kvc_strerror(err));
 		return TOOL_EXIT_RUNTIME;
 	}
 	const size_t n = sizeof(stats_fields) / sizeof(stats_fields[0]);
@@ -661,6 +612,7 @@ static int cmd_stats(int argc, char **argv)
 
 static const char *const feature_names[] = {
 	"ring_wakeup", "cq_overflow", "prefix_cache", "priority", "sampling", "vocab", "text",
+	"plain_text", "system", "progress",
 };
 
 /* A token id field: a number, or none / null for ~0U. */
@@ -678,17 +630,17 @@ static void print_id(const char *name, uint32_t id, int json)
 
 static int cmd_info(int argc, char **argv)
 {
-	struct opts o = { .socket = global_socket };
-	int rc = parse_opts(argc, argv, &o, 0, usage_info);
+	struct kvctl_opts o = { .socket = global_socket };
+	int rc = parse_opts(argc, argv, &o, 0, usage_info, 0);
 	if (rc)
 		return rc == 1 ? 0 : rc;
 	if (optind != argc) {
 		usage_info(stderr);
 		return TOOL_EXIT_USAGE;
 	}
-	struct kvc_conn *c = connect_or_complain(o.socket);
+	struct kvc_conn *c = connect_or_complain(o.socket, &rc);
 	if (!c)
-		return TOOL_EXIT_RUNTIME;
+		return rc;
 	const struct kvd_hello_rep *h = kvc_info(c);
 	const int js = o.json;
 	const struct { const char *name; uint64_t v; } nums[] = {

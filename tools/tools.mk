@@ -11,9 +11,14 @@ $(B)/kvbench: TOOLS_LDLIBS += -lm -pthread
 $(B)/kv%: $(B)/tools/kv%.o $(B)/libkvclient.a
 	$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(filter %.a,$^) $(TOOLS_LDLIBS)
 
+# kvc_example includes <kvd/kvclient.h>, as a program built against the installed tree does.
+$(B)/tools/kvc_example.o: CPPFLAGS += -I$(KVC_INC)
+$(B)/tools/kvc_example.o: $(KVC_INC_HDRS)
+
 # kvc_example shows libkvclient alone; the others share tools/common.c.
 $(B)/kvctl $(B)/kvbench $(B)/kvtop: $(B)/tools/common.o
 $(B)/kvbench: $(B)/tools/bench_results.o
+$(B)/kvctl: $(B)/tools/turn.o
 
 all: $(TOOL_BINS)
 

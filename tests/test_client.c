@@ -1,0 +1,735 @@
+/*
+ * test_client.c — libkvclient's conveniences (kvc_strerror, kvc_arm with an
+ * external poll loop, kvc_generate_text) and kvctl as a user runs it (-n 0,
+ * --chat/--system, context overflow, --poll sleeping while nothing comes,
+ * connect hints for a non-root user, progress, a daemon shutting down)
+ * against a real daemon. The tests named test_contract_* need the daemon's
+ * side of the plain-text, system, progress and shutdown additions to
+ * uapi/kvd.h and skip when its HELLO reply does not grant them.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <poll.h>
+#include <pty.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include "tests/lib/proc.h"
+
+#define NOBODY 65534
+
+static struct kvd_proc D;	/* shared by the tests, started by the group setup */
+static char tmpdir[64];		/* outputs of the programs the tests run */
+static char KVCTL[256];		/* the kvctl next to kp_bin()'s kvd: the sanitizer pass has its own */
+
+static int group_setup(void **state)
+{
+	(void)state;
+	snprintf(tmpdir, sizeof(tmpdir), "/tmp/kvd-client.XXXXXX");
+	if (!mkdtemp(tmpdir))
+		return -1;
+	chmod(tmpdir, 0755);	/* a test runs kvctl as nobody from here */
+	const char *kvd = kp_bin(), *slash = strrchr(kvd, '/');
+	snprintf(KVCTL, sizeof(KVCTL), "%.*skvctl", slash ? (int)(slash - kvd + 1) : 0, kvd);
+	if (kp_no_uring())
+		return 0;	/* each daemon test skips, saying why */
+	return kp_start(&D, NULL) ? -1 : 0;
+}
+
+static int group_teardown(void **state)
+{
+	(void)state;
+	kp_cleanup(&D);
+	char cmd[128];
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
+	return system(cmd) ? -1 : 0;
+}
+
+/* A test leaves the shared daemon running, whatever it stopped. */
+static int teardown(void **state)
+{
+	(void)state;
+	if (D.pid)
+		kill(D.pid, SIGCONT);
+	return 0;
+}
+
+static void need_daemon(void)
+{
+	kp_skip_without_uring();
+	assert_true(D.pid > 0);
+	if (access(KVCTL, X_OK))
+		fail_msg("%s is missing: run `make` first", KVCTL);
+}
+
+static struct kvc_conn *conn(uint32_t *session)
+{
+	struct kvc_conn *c;
+	need_daemon();
+	assert_int_equal(kvc_connect(&c, D.sock), 0);
+	if (session)
+		assert_int_equal(kvc_session_open(c, session), 0);
+	return c;
+}
+
+/* Skip a contract test unless the daemon grants feat. */
+static void need_feature(uint32_t feat, const char *name)
+{
+	struct kvc_conn *c = conn(NULL);
+	uint32_t granted = kvc_info(c)->features;
+	kvc_close(c);
+	if (!(granted & feat)) {
+		print_message("skipped: the daemon does not grant %s (its side is not merged)\n", name);
+		skip();
+	}
+}
+
+/* A whole file, NUL-terminated (NULL on error); the caller frees. */
+static char *slurp(const char *path)
+{
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return NULL;
+	size_t cap = 4096, n = 0;
+	char *buf = malloc(cap + 1);
+	while (buf) {
+		n += fread(buf + n, 1, cap - n, f);
+		if (n < cap)
+			break;
+		char *nb = realloc(buf, (cap *= 2) + 1);
+		if (!nb)
+			free(buf);
+		buf = nb;
+	}
+	fclose(f);
+	if (buf)
+		buf[n] = 0;
+	return buf;
+}
+
+struct run {
+	int	status;		/* exit status, or 128 + signal */
+	char	*out, *err;	/* what it wrote, NUL-terminated; free with run_free() */
+};
+
+static void run_free(struct run *r)
+{
+	free(r->out);
+	free(r->err);
+	memset(r, 0, sizeof(*r));
+}
+
+/* In the child: the stdout and stderr files. */
+static void child_redirect(const char *out, const char *err)
+{
+	int null = open("/dev/null", O_RDONLY);
+	int o = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	int e = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	if (null < 0 || o < 0 || e < 0 || dup2(null, 0) < 0 || dup2(o, 1) < 0 || dup2(e, 2) < 0)
+		_exit(126);
+}
+
+/* Start argv (env: extra NAME=VALUE settings, NULL-terminated, may be NULL) with its output in files. */
+static pid_t start_cmd(const char *const *argv, const char *const *env, const char *tag)
+{
+	char out[128], err[128];
+	snprintf(out, sizeof(out), "%s/%s.out", tmpdir, tag);
+	snprintf(err, sizeof(err), "%s/%s.err", tmpdir, tag);
+	pid_t pid = kp_fork();
+	if (pid == 0) {
+		child_redirect(out, err);
+		for (int i = 0; env && env[i]; i++)
+			putenv((char *)env[i]);
+		execvp(argv[0], (char *const *)argv);
+		_exit(127);
+	}
+	return pid;
+}
+
+/* Wait for pid and collect what start_cmd() captured under tag. */
+static void finish_cmd(pid_t pid, const char *tag, struct run *r)
+{
+	char out[128], err[128];
+	int st;
+	assert_int_equal(waitpid(pid, &st, 0), pid);
+	r->status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+	snprintf(out, sizeof(out), "%s/%s.out", tmpdir, tag);
+	snprintf(err, sizeof(err), "%s/%s.err", tmpdir, tag);
+	r->out = slurp(out);
+	r->err = slurp(err);
+	assert_non_null(r->out);
+	assert_non_null(r->err);
+	print_message("  $ ... %s: status %d\n  stderr: %s", tag, r->status, r->err);
+}
+
+/* kvctl with args (NULL-terminated) against the shared daemon, to completion. */
+static void kvctl(struct run *r, const char *tag, ...)
+{
+	const char *argv[32] = { KVCTL, "--socket", D.sock };
+	int n = 3;
+	va_list ap;
+	va_start(ap, tag);
+	for (const char *a; (a = va_arg(ap, const char *)) && n < 31;)
+		argv[n++] = a;
+	va_end(ap);
+	argv[n] = NULL;
+	finish_cmd(start_cmd(argv, NULL, tag), tag, r);
+}
+
+/* ---------------------------------------------------------------------- */
+/* libkvclient                                                            */
+
+static void test_strerror(void **state)
+{
+	(void)state;
+	assert_non_null(strstr(kvc_strerror(-E2BIG), "context length"));
+	assert_non_null(strstr(kvc_strerror(-ESHUTDOWN), "shutting down"));
+	assert_non_null(strstr(kvc_strerror(-ERANGE), "vocabulary"));
+	assert_non_null(strstr(kvc_strerror(-EDQUOT), "quota"));
+	assert_non_null(strstr(kvc_strerror(-ECANCELED), "cancelled"));
+	assert_string_equal(kvc_strerror(-ESHUTDOWN), kvc_strerror(ESHUTDOWN));
+	/* A code kvd gives no meaning of its own reads as strerror's. */
+	assert_string_equal(kvc_strerror(-ENOTTY), strerror(ENOTTY));
+}
+
+/*
+ * An external event loop: kvc_arm(), poll() on kvc_call_fd(), kvc_ack().
+ * Every token of a stream arrives, and the loop really slept on the fd
+ * (without the arm the daemon would ring nobody and poll() would never
+ * return).
+ */
+static void test_arm_poll_loop(void **state)
+{
+	(void)state;
+	uint32_t s, in, out;
+	struct kvc_conn *c = conn(NULL);
+	assert_int_equal(kvc_arm(c), -ENOTCONN);
+	assert_int_equal(kvc_session_open(c, &s), 0);
+	const char *p = "1, 2, 3, 4,";
+	assert_int_equal(kvc_arena_alloc(c, (uint32_t)strlen(p), &in), 0);
+	assert_int_equal(kvc_arena_alloc(c, 16 * 4, &out), 0);
+	memcpy(kvc_arena(c, NULL) + in, p, strlen(p));
+	struct kvd_sqe q;
+	kvc_prep_generate(&q, s, 0, 7, in, (uint32_t)strlen(p), out, 16);
+	q.flags = KVD_SQE_TEXT | KVD_SQE_STREAM | KVD_SQE_IGNORE_EOS;
+	assert_int_equal(kvc_submit(c, &q), 0);
+
+	int tokens = 0, wakeups = 0, final = 0;
+	while (!final) {
+		struct kvd_cqe e;
+		while (!final && kvc_peek(c, &e) == 0) {
+			assert_int_equal(e.user_data, 7);
+			assert_true(e.res >= 0);
+			tokens++;
+			final = !(e.flags & KVD_CQE_MORE);
+		}
+		if (final)
+			break;
+		int armed = kvc_arm(c);
+		assert_true(armed == 0 || armed == 1);
+		if (armed == 1)
+			continue;	/* a CQE came in between: never sleep on it */
+		struct pollfd pf[2] = { { kvc_call_fd(c), POLLIN, 0 }, { kvc_socket_fd(c), POLLIN, 0 } };
+		int n = poll(pf, 2, 60000);
+		assert_int_equal(n > 0, 1);	/* 60 s with a token due every fraction of one */
+		assert_int_equal(pf[1].revents, 0);
+		wakeups += (pf[0].revents & POLLIN) != 0;
+		assert_int_equal(kvc_ack(c), 0);
+	}
+	assert_int_equal(tokens, 16);
+	assert_true(wakeups > 0);
+	/* Acked: the doorbell holds nothing until the next arm. */
+	struct pollfd pf = { kvc_call_fd(c), POLLIN, 0 };
+	assert_int_equal(poll(&pf, 1, 0), 0);
+	kvc_close(c);
+}
+
+struct collect {
+	char	buf[8192];
+	size_t	n;
+	int	chunks;
+	int	cut;		/* a chunk ended inside a character */
+	int	stop_after;	/* cancel after this many chunks; 0: never */
+};
+
+/* Whether s[0, n) ends inside a UTF-8 sequence. */
+static int ends_inside(const char *s, size_t n)
+{
+	size_t i = n, k = 0;
+	while (i > 0 && k < 4 && ((uint8_t)s[i - 1] & 0xc0) == 0x80) {
+		i--;
+		k++;
+	}
+	if (i == 0)
+		return k > 0;
+	uint8_t b = (uint8_t)s[i - 1];
+	size_t want = b >= 0xf0 ? 4 : b >= 0xe0 ? 3 : b >= 0xc0 ? 2 : 1;
+	return k + 1 < want;
+}
+
+static int collect(void *user, const char *utf8, size_t len)
+{
+	struct collect *co = user;
+	assert_true(len > 0);
+	assert_true(co->n + len < sizeof(co->buf));
+	memcpy(co->buf + co->n, utf8, len);
+	co->n += len;
+	co->cut |= ends_inside(utf8, len);
+	return co->stop_after && ++co->chunks >= co->stop_after;
+}
+
+/* The text of a plain GENERATE of the same prompt, token by token, for comparison. */
+static size_t reference_text(struct kvc_conn *c, uint32_t s, const char *p, uint32_t max, char *buf)
+{
+	uint32_t in, out, len;
+	struct kvd_sqe q;
+	struct kvd_cqe e;
+	kvc_arena_reset(c);
+	assert_int_equal(kvc_arena_alloc(c, (uint32_t)strlen(p), &in), 0);
+	assert_int_equal(kvc_arena_alloc(c, max * 4, &out), 0);
+	memcpy(kvc_arena(c, NULL) + in, p, strlen(p));
+	kvc_prep_generate(&q, s, 1, 9, in, (uint32_t)strlen(p), out, max);
+	q.flags = KVD_SQE_TEXT | KVD_SQE_IGNORE_EOS;
+	if (kvc_info(c)->features & KVD_FEAT_PLAIN_TEXT)
+		q.flags |= KVD_SQE_PLAIN;
+	assert_int_equal(kvc_submit(c, &q), 0);
+	assert_int_equal(kvc_wait(c, &e, 120000), 0);
+	assert_int_equal(e.res, (int)max);
+	const uint32_t *ids = (const uint32_t *)(kvc_arena(c, NULL) + out);
+	size_t n = 0;
+	for (uint32_t i = 0; i < max; i++) {
+		const char *t = kvc_token_bytes(c, ids[i], &len);
+		memcpy(buf + n, t ? t : "", t ? len : 0);
+		n += t ? len : 0;
+	}
+	kvc_arena_reset(c);
+	return n;
+}
+
+static void test_generate_text(void **state)
+{
+	(void)state;
+	uint32_t s, arena_bytes, off;
+	struct kvc_conn *c = conn(&s);
+	const char *p = "Les fleurs de mon jardin sont très belles, et l'été";
+	struct kvc_text_opts o = { .max_tokens = 24, .flags = KVD_SQE_IGNORE_EOS };
+	struct kvc_text_result r;
+	struct collect co = { .n = 0 };
+
+	if (kvc_info(c)->features & KVD_FEAT_PLAIN_TEXT)
+		o.flags |= KVD_SQE_PLAIN;
+	assert_int_equal(kvc_generate_text(c, s, 0, p, strlen(p), &o, collect, &co, &r), 24);
+	assert_true(r.flags & KVD_CQE_LENGTH);
+	assert_false(co.cut);
+	char ref[8192];
+	size_t n = reference_text(c, s, p, 24, ref);
+	assert_int_equal(co.n, n);
+	assert_memory_equal(co.buf, ref, n);
+
+	/* A prefill only: positions, no callback. */
+	struct kvc_text_opts pre = { .max_tokens = 0 };
+	co.n = 0;
+	int pos = kvc_generate_text(c, s, 0, p, strlen(p), &pre, collect, &co, NULL);
+	assert_true(pos > 5);
+	assert_int_equal(co.n, 0);
+
+	/* The callback's nonzero cancels. */
+	struct collect stop = { .stop_after = 2 };
+	int got = kvc_generate_text(c, s, 0, p, strlen(p), &o, collect, &stop, &r);
+	assert_true(got >= 0 && got < 24);
+	assert_true(r.flags & KVD_CQE_CANCELLED);
+
+	/* Misuse is refused before anything is sent. */
+	struct kvc_text_opts bad = { .max_tokens = 4, .system = "x", .system_len = 1 };
+	int want = kvc_info(c)->features & KVD_FEAT_SYSTEM ? -EINVAL : -EOPNOTSUPP;
+	assert_int_equal(kvc_generate_text(c, s, 0, p, strlen(p), &bad, NULL, NULL, NULL), want);
+
+	/* Each call gave its arena room back. */
+	kvc_arena(c, &arena_bytes);
+	assert_int_equal(kvc_arena_alloc(c, arena_bytes, &off), 0);
+	assert_int_equal(off, 0);
+	kvc_close(c);
+}
+
+/* ---------------------------------------------------------------------- */
+/* kvctl                                                                  */
+
+/* -n 0 is a prefill, said as kvd --prompt -n 0 says it; exit 0. */
+static void test_kvctl_prefill_only(void **state)
+{
+	(void)state;
+	struct run r;
+	unsigned n = 0;
+	need_daemon();
+	kvctl(&r, "prefill", "generate", "-n", "0", "The capital of France is", NULL);
+	assert_int_equal(r.status, 0);
+	assert_string_equal(r.out, "");
+	const char *m = strstr(r.err, "prefill only: ");
+	assert_non_null(m);
+	assert_int_equal(sscanf(m, "prefill only: %u prompt positions cached, no tokens generated", &n), 1);
+	assert_true(n >= 5);
+	run_free(&r);
+	/* chat has no use for it */
+	kvctl(&r, "chatn0", "chat", "-n", "0", NULL);
+	assert_int_equal(r.status, 2);
+	run_free(&r);
+}
+
+static void test_kvctl_system_needs_chat(void **state)
+{
+	(void)state;
+	struct run r;
+	need_daemon();
+	kvctl(&r, "sysnochat", "generate", "--system", "Be brief.", "Hi", NULL);
+	assert_int_equal(r.status, 2);
+	assert_non_null(strstr(r.err, "--system needs --chat"));
+	run_free(&r);
+}
+
+/* A context overflow names the numbers instead of "Argument list too long". */
+static void test_kvctl_context_overflow(void **state)
+{
+	(void)state;
+	struct run r;
+	char n[16], want[64];
+	struct kvc_conn *c = conn(NULL);
+	const struct kvd_hello_rep *h = kvc_info(c);
+	uint32_t ctx = h->max_tokens && h->max_tokens < h->ctx_len ? h->max_tokens : h->ctx_len;
+	kvc_close(c);
+	snprintf(n, sizeof(n), "%u", ctx + 1);
+	kvctl(&r, "e2big", "generate", "-n", n, "Hello", NULL);
+	assert_int_equal(r.status, 1);
+	snprintf(want, sizeof(want), "plus %u to generate exceed the context (%u)", ctx + 1, ctx);
+	assert_non_null(strstr(r.err, want));
+	assert_null(strstr(r.err, "Argument list too long"));
+	run_free(&r);
+}
+
+static void test_kvctl_stats_steps(void **state)
+{
+	(void)state;
+	struct run r;
+	need_daemon();
+	kvctl(&r, "stats", "stats", NULL);
+	assert_int_equal(r.status, 0);
+	assert_non_null(strstr(r.out, "\nsteps "));
+	run_free(&r);
+	kvctl(&r, "statsjson", "stats", "--json", NULL);
+	assert_int_equal(r.status, 0);
+	assert_non_null(strstr(r.out, "\"steps\":"));
+	run_free(&r);
+}
+
+/* /proc/PID/stat: state letter and utime + stime in clock ticks. */
+static int proc_stat(pid_t pid, char *state, unsigned long long *ticks)
+{
+	char path[64], buf[1024];
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return -1;
+	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = 0;
+	const char *p = strrchr(buf, ')');	/* the command name may hold anything */
+	unsigned long long ut, st;
+	if (!p || sscanf(p + 2, "%c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", state, &ut, &st) != 3)
+		return -1;
+	*ticks = ut + st;
+	return 0;
+}
+
+/* Wait (no deadline but the test's own death) until path has bytes, or pid exits. */
+static int wait_output(const char *path, pid_t pid)
+{
+	struct stat st;
+	for (;;) {
+		if (!stat(path, &st) && st.st_size > 0)
+			return 0;
+		if (waitpid(pid, NULL, WNOHANG) == pid)
+			return -1;
+		kp_sleep_ms(20);
+	}
+}
+
+/*
+ * --poll spins only for a window after each completion: with the daemon
+ * stopped mid-stream, the client sleeps (its CPU time stays far below the
+ * wall time, its state is S). A client that spun for ever would be R
+ * throughout and burn a core (on a loaded 2-core machine, the daemon's).
+ */
+static void test_kvctl_poll_sleeps(void **state)
+{
+	(void)state;
+	need_daemon();
+	const char *argv[] = { KVCTL, "--socket", D.sock, "generate", "--poll", "-n", "2000",
+			       "1, 2, 3, 4, 5, 6, 7, 8,", NULL };
+	char out[128];
+	pid_t pid = start_cmd(argv, NULL, "poll");
+	assert_true(pid > 0);
+	snprintf(out, sizeof(out), "%s/poll.out", tmpdir);
+	assert_int_equal(wait_output(out, pid), 0);
+	assert_int_equal(kill(D.pid, SIGSTOP), 0);
+
+	char st;
+	unsigned long long t0 = 0, t1 = 0;
+	int sleeping = 0, samples = 20, bad = 0;
+	kp_sleep_ms(100);	/* past any window */
+	bad |= proc_stat(pid, &st, &t0);
+	int64_t w0 = kp_now_ms();
+	for (int i = 0; i < samples && !bad; i++) {
+		kp_sleep_ms(100);
+		bad |= proc_stat(pid, &st, &t1);
+		sleeping += st == 'S';
+	}
+	int64_t wall_ms = kp_now_ms() - w0;
+	long hz = sysconf(_SC_CLK_TCK);
+	double cpu_ms = (double)(t1 - t0) * 1000.0 / (double)hz;
+	print_message("  --poll client, daemon stopped: %.0f ms CPU in %lld ms, asleep in %d/%d samples\n",
+		      cpu_ms, (long long)wall_ms, sleeping, samples);
+	kill(D.pid, SIGCONT);
+	kill(pid, SIGINT);
+	struct run r;
+	finish_cmd(pid, "poll", &r);
+	assert_int_equal(r.status, 0);
+	run_free(&r);
+	assert_int_equal(bad, 0);
+	assert_true(sleeping >= samples * 3 / 4);
+	assert_true(cpu_ms < (double)wall_ms / 4);
+}
+
+/* In a child: a private /run holding kvd/kvd.sock -> the test daemon's socket, as the system one. */
+static void fake_system_socket(void)
+{
+	if (unshare(CLONE_NEWNS) || mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) ||
+	    mount("tmpfs", "/run", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755") ||
+	    mkdir("/run/kvd", 0755) || symlink(D.sock, "/run/kvd/kvd.sock"))
+		_exit(125);
+}
+
+/* kvctl info as nobody (no $XDG_RUNTIME_DIR), its output in files under tag, in a child. */
+static void kvctl_as_nobody(const char *tag, const char *sock_env, struct run *r)
+{
+	char out[128], err[128], bin[128];
+	snprintf(out, sizeof(out), "%s/%s.out", tmpdir, tag);
+	snprintf(err, sizeof(err), "%s/%s.err", tmpdir, tag);
+	snprintf(bin, sizeof(bin), "%s/kvctl", tmpdir);
+	pid_t pid = kp_fork();
+	if (pid == 0) {
+		fake_system_socket();
+		child_redirect(out, err);
+		unsetenv("XDG_RUNTIME_DIR");
+		unsetenv("KVD_SOCKET");
+		if (sock_env)
+			setenv("KVD_SOCKET", sock_env, 1);
+		execlp("setpriv", "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", bin,
+		       "info", (char *)NULL);
+		_exit(127);
+	}
+	finish_cmd(pid, tag, r);
+}
+
+/*
+ * The hints a user who is not root gets: with no socket of their own while
+ * the system daemon runs, to set KVD_SOCKET=/run/kvd/kvd.sock (and that
+ * the socket's group grants access); on "Permission denied", the group.
+ */
+static void test_kvctl_connect_hints(void **state)
+{
+	(void)state;
+	need_daemon();
+	if (access("/usr/bin/setpriv", X_OK) && access("/bin/setpriv", X_OK)) {
+		print_message("skipped: setpriv (util-linux) is not installed\n");
+		skip();
+	}
+	char bin[128], cmd[1024];
+	snprintf(bin, sizeof(bin), "%s/kvctl", tmpdir);
+	snprintf(cmd, sizeof(cmd), "cp %s %s && chmod 0755 %s", KVCTL, bin, bin);
+	assert_int_equal(system(cmd), 0);
+	/* The daemon's socket is 0660 root:<its group>: nobody may not connect. */
+	struct run r;
+	kvctl_as_nobody("nobody_default", NULL, &r);
+	if (r.status == 125) {
+		print_message("skipped: no private mount namespace here (needs CAP_SYS_ADMIN)\n");
+		run_free(&r);
+		skip();
+	}
+	assert_int_equal(r.status, 1);
+	assert_non_null(strstr(r.err, "cannot connect to /run/user/65534/kvd.sock"));
+	assert_non_null(strstr(r.err, "set KVD_SOCKET=/run/kvd/kvd.sock"));
+	assert_non_null(strstr(r.err, "membership of its group"));
+	assert_null(strstr(r.err, "is kvd running"));
+	run_free(&r);
+
+	kvctl_as_nobody("nobody_system", "/run/kvd/kvd.sock", &r);
+	assert_int_equal(r.status, 1);
+	assert_non_null(strstr(r.err, "Permission denied"));
+	assert_non_null(strstr(r.err, "membership of group "));
+	assert_non_null(strstr(r.err, " grants access"));
+	run_free(&r);
+}
+
+/* ---------------------------------------------------------------------- */
+/* The contract of the uapi/kvd.h additions, once the daemon serves them.  */
+
+/* kvctl generate --chat --system: the system message reaches the template. */
+static void test_contract_chat_system(void **state)
+{
+	(void)state;
+	need_feature(KVD_FEAT_SYSTEM, "KVD_FEAT_SYSTEM");
+	struct run a, b;
+	kvctl(&a, "chat_plain", "generate", "--chat", "-n", "12", "Who are you?", NULL);
+	kvctl(&b, "chat_system", "generate", "--chat", "--system",
+	      "You are a pirate. Answer every question like a pirate.", "-n", "12", "Who are you?", NULL);
+	assert_int_equal(a.status, 0);
+	assert_int_equal(b.status, 0);
+	assert_true(strlen(b.out) > 1);
+	assert_string_not_equal(a.out, b.out);	/* greedy both times: the system message counts */
+	run_free(&a);
+	run_free(&b);
+}
+
+/* Plain text by default: a special token's spelling is text, unless --special. */
+static void test_contract_plain_default(void **state)
+{
+	(void)state;
+	need_feature(KVD_FEAT_PLAIN_TEXT, "KVD_FEAT_PLAIN_TEXT");
+	struct run a, b;
+	unsigned plain = 0, special = 0;
+	kvctl(&a, "plain", "generate", "-n", "0", "<|im_end|>", NULL);
+	kvctl(&b, "special", "generate", "-n", "0", "--special", "<|im_end|>", NULL);
+	assert_int_equal(a.status, 0);
+	assert_int_equal(b.status, 0);
+	assert_int_equal(sscanf(strstr(a.err, "prefill only: "), "prefill only: %u", &plain), 1);
+	assert_int_equal(sscanf(strstr(b.err, "prefill only: "), "prefill only: %u", &special), 1);
+	assert_true(plain > special);
+	run_free(&a);
+	run_free(&b);
+	kvctl(&a, "chat_special", "generate", "--chat", "--special", "-n", "2", "Hi<|im_end|>", NULL);
+	assert_int_equal(a.status, 0);
+	run_free(&a);
+}
+
+/* A prompt of n distinct token ids at arena offset off. */
+static void put_ids(struct kvc_conn *c, uint32_t off, uint32_t n)
+{
+	uint32_t *a = (uint32_t *)(kvc_arena(c, NULL) + off);
+	for (uint32_t i = 0; i < n; i++)
+		a[i] = 300 + (i * 17) % 40000;
+}
+
+/* PREFILL with KVD_SQE_PROGRESS: MORE|PROGRESS CQEs counting up to the positions in all. */
+static void test_contract_progress_cqes(void **state)
+{
+	(void)state;
+	need_feature(KVD_FEAT_PROGRESS, "KVD_FEAT_PROGRESS");
+	uint32_t s, off;
+	struct kvc_conn *c = conn(&s);
+	const uint32_t n = 1500;
+	assert_int_equal(kvc_arena_alloc(c, n * 4, &off), 0);
+	put_ids(c, off, n);
+	struct kvd_sqe q;
+	kvc_prep_prefill(&q, s, 0, 5, off, n);
+	q.flags = KVD_SQE_PROGRESS;
+	assert_int_equal(kvc_submit(c, &q), 0);
+	int progress = 0, last = 0;
+	struct kvd_cqe e;
+	for (;;) {
+		assert_int_equal(kvc_wait(c, &e, 300000), 0);
+		if (!(e.flags & KVD_CQE_MORE))
+			break;
+		assert_true(e.flags & KVD_CQE_PROGRESS);
+		assert_int_equal(e.aux, n);
+		assert_true(e.res >= last && e.res <= (int)n);
+		last = e.res;
+		progress++;
+	}
+	assert_int_equal(e.res, (int)n);
+	assert_false(e.flags & KVD_CQE_PROGRESS);
+	print_message("  %d progress CQEs for %u positions\n", progress, n);
+	kvc_close(c);
+}
+
+/* kvctl on a terminal: a prefill over a second draws "prefill N/M positions", erased before the text. */
+static void test_contract_progress_line(void **state)
+{
+	(void)state;
+	need_feature(KVD_FEAT_PROGRESS, "KVD_FEAT_PROGRESS");
+	static char prompt[12000];
+	size_t n = 0;
+	while (n + 16 < sizeof(prompt))
+		n += (size_t)snprintf(prompt + n, sizeof(prompt) - n, "word%zu ", n % 997);
+	int master;
+	pid_t pid = forkpty(&master, NULL, NULL, NULL);
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		execl(KVCTL, KVCTL, "--socket", D.sock, "generate", "-n", "1", prompt, (char *)NULL);
+		_exit(127);
+	}
+	static char out[65536];
+	size_t got = 0;
+	for (ssize_t k; got < sizeof(out) - 1 && (k = read(master, out + got, sizeof(out) - 1 - got)) > 0;)
+		got += (size_t)k;	/* EIO once the child closed the terminal */
+	out[got] = 0;
+	close(master);
+	int st;
+	assert_int_equal(waitpid(pid, &st, 0), pid);
+	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	const char *ft = strstr(out, "first token ");
+	assert_non_null(ft);
+	double first_ms = atof(ft + strlen("first token "));
+	const char *line = strstr(out, "\rprefill ");
+	print_message("  first token after %.0f ms; progress line %s\n", first_ms, line ? "shown" : "not shown");
+	if (first_ms > 1500)	/* the prefill took over a second: the line must have shown */
+		assert_non_null(line);
+	if (line)
+		assert_non_null(strstr(line, "\r\033[K"));
+}
+
+/* A request the drain ends: "kvd is shutting down", exit status 3. */
+static void test_contract_shutdown(void **state)
+{
+	(void)state;
+	need_feature(KVD_FEAT_PROGRESS, "the uapi additions (KVD_FEAT_PROGRESS as their mark)");
+	struct kvd_proc d2;
+	const char *extra[] = { "--drain-timeout", "300", NULL };
+	assert_int_equal(kp_start(&d2, extra), 0);
+	const char *argv[] = { KVCTL, "--socket", d2.sock, "generate", "-n", "4000",
+			       "1, 2, 3, 4, 5, 6, 7, 8,", NULL };
+	char out[128];
+	pid_t pid = start_cmd(argv, NULL, "shutdown");
+	snprintf(out, sizeof(out), "%s/shutdown.out", tmpdir);
+	int ok = wait_output(out, pid) == 0;
+	kill(d2.pid, SIGTERM);
+	struct run r;
+	finish_cmd(pid, "shutdown", &r);
+	kp_cleanup(&d2);
+	assert_true(ok);
+	assert_int_equal(r.status, 3);
+	assert_non_null(strstr(r.err, "kvd is shutting down"));
+	run_free(&r);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_strerror),
+		cmocka_unit_test_teardown(test_arm_poll_loop, teardown),
+		cmocka_unit_test_teardown(test_generate_text, teardown),
+		cmocka_unit_test_teardown(test_kvctl_prefill_only, teardown),
+		cmocka_unit_test_teardown(test_kvctl_system_needs_chat, teardown),
+		cmocka_unit_test_teardown(test_kvctl_context_overflow, teardown),
+		cmocka_unit_test_teardown(test_kvctl_stats_steps, teardown),
+		cmocka_unit_test_teardown(test_kvctl_poll_sleeps, teardown),
+		cmocka_unit_test_teardown(test_kvctl_connect_hints, teardown),
+		cmocka_unit_test_teardown(test_contract_chat_system, teardown),
+		cmocka_unit_test_teardown(test_contract_plain_default, teardown),
+		cmocka_unit_test_teardown(test_contract_progress_cqes, teardown),
+		cmocka_unit_test_teardown(test_contract_progress_line, teardown),
+		cmocka_unit_test_teardown(test_contract_shutdown, teardown),
+	};
+	return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
