@@ -423,6 +423,25 @@ static void test_kvctl_stats_steps(void **state)
 	run_free(&r);
 }
 
+/* kvctl info names the daemon on its socket by pid: the README's `pidof kvd` replacement. */
+static void test_kvctl_info_pid(void **state)
+{
+	(void)state;
+	struct run r;
+	char want[48];
+	need_daemon();
+	kvctl(&r, "info", "info", NULL);
+	assert_int_equal(r.status, 0);
+	snprintf(want, sizeof(want), "pid                %d\n", (int)D.pid);
+	assert_non_null(strstr(r.out, want));
+	run_free(&r);
+	kvctl(&r, "infojson", "info", "--json", NULL);
+	assert_int_equal(r.status, 0);
+	snprintf(want, sizeof(want), "\"pid\":%d,", (int)D.pid);
+	assert_non_null(strstr(r.out, want));
+	run_free(&r);
+}
+
 /* /proc/PID/stat: state letter and utime + stime in clock ticks. */
 static int proc_stat(pid_t pid, char *state, unsigned long long *ticks)
 {
@@ -723,6 +742,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_kvctl_system_needs_chat, teardown),
 		cmocka_unit_test_teardown(test_kvctl_context_overflow, teardown),
 		cmocka_unit_test_teardown(test_kvctl_stats_steps, teardown),
+		cmocka_unit_test_teardown(test_kvctl_info_pid, teardown),
 		cmocka_unit_test_teardown(test_kvctl_poll_sleeps, teardown),
 		cmocka_unit_test_teardown(test_kvctl_connect_hints, teardown),
 		cmocka_unit_test_teardown(test_contract_chat_system, teardown),
