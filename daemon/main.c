@@ -143,6 +143,11 @@ int main(int argc, char **argv)
 		log_msg(LOG_NOTICE, "%s: others may write it, so it is read into kvd's own memory rather "
 			"than mapped (make it owned by kvd's user and not group- or world-writable to map it)",
 			o.model);
+	if ((rc = model_set_ctx(m, o.ctx, err, sizeof(err)))) {
+		log_msg(LOG_ERR, "%s", err);
+		status = 2;
+		goto out_model;
+	}
 	if (o.info) {
 		oneshot_info(m);
 		status = 0;

@@ -28,7 +28,10 @@ void oneshot_info(const struct model *m)
 	       hp->n_kv_heads, hp->head_dim);
 	printf("ffn          %u\n", hp->ffn_dim);
 	printf("vocab        %u\n", hp->vocab);
-	printf("context      %u\n", hp->ctx_len);
+	if (hp->ctx_len < hp->train_ctx)
+		printf("context      %u (ctx; trained %u)\n", hp->ctx_len, hp->train_ctx);
+	else
+		printf("context      %u\n", hp->ctx_len);
 	printf("rope         theta %g, %u dims\n", (double)hp->rope_theta, hp->rot_dim);
 	printf("norm eps     %g\n", (double)hp->norm_eps);
 	printf("output       %s\n", hp->tied_output ? "tied to token_embd" : "separate");
