@@ -72,11 +72,18 @@ const struct cfg_opt config_opts[] = {
 	  .man = "Sampler seed (default 0); the same seed and prompt give the same text." },
 	/* the model, compute and the KV pool */
 	{ "model", 'm', CT_STR, 0, SEC_MODEL, O(model), .arg = "PATH",
-	  .help = "GGUF model (default $KVD_MODEL or " CONFIG_DEFAULT_MODEL ",\n"
-		  "under $STATE_DIRECTORY when systemd sets it)",
-	  .man = "The GGUF model. Default\n.I models/SmolLM2\\-135M\\-Instruct.Q4_1.gguf\n(under\n"
-		 ".B $STATE_DIRECTORY\nwhen systemd sets it, i.e.\n.I /var/lib/kvd/models/\n"
-		 "for kvd.service)." },
+	  .help = "GGUF model (default $KVD_MODEL, else " CONFIG_MODEL_FILE "\n"
+		  "in the first of $STATE_DIRECTORY/models (or /var/lib/kvd/models),\n"
+		  "PREFIX/share/kvd/models and the source tree's models/)",
+	  .man = "The GGUF model. Without it (and without\n.BR KVD_MODEL ),\nkvd uses the first of\n"
+		 ".IR $STATE_DIRECTORY/models/SmolLM2\\-135M\\-Instruct.Q4_1.gguf\n"
+		 "(systemd sets\n.B STATE_DIRECTORY\nfor kvd.service;\n.I /var/lib/kvd/models/\n"
+		 "without it),\n.I PREFIX/share/kvd/models/\n(the install prefix's, where\n"
+		 ".B make install\nputs the model\n.B make model\nfetched) and the\n.I models/\n"
+		 "folder of the source tree kvd was built in (found from the binary's own path,\n"
+		 "so\n.B build/kvd\nworks from any directory) that holds that file; never the\n"
+		 "current directory. When none does, kvd names the places it looked and exits 1.\n"
+		 "A relative\n.I PATH\nis taken from the current directory." },
 	{ "backend", 0, CT_ENUM, 0, SEC_DAEMON, O(backend), ENUM(backends, backend_vals), .arg = "B",
 	  .help = "auto (CUDA when a device is present), cpu, cuda",
 	  .man = ".B auto\n(CUDA when a device is present, else the CPU),\n.B cpu\nor\n.BR cuda .\n"

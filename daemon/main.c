@@ -130,6 +130,13 @@ int main(int argc, char **argv)
 		goto out_config;
 	}
 	log_set_level(o.log_level);
+	if (!o.model) {
+		log_msg(LOG_ERR, "no model named, and none of the places kvd looks holds the default one: "
+			"%s. Run `make model` in kvd's source tree to fetch it (`make install` then puts "
+			"it in %s/models), or name a model with --model PATH, model = PATH in the "
+			"configuration file or $KVD_MODEL", o.model_tried, config_datadir);
+		goto out_config;
+	}
 	int daemon = !o.prompt && !o.info;
 	if (daemon) {
 		server_block_signals(NULL);	/* before any thread exists, so none gets one */
