@@ -42,7 +42,11 @@ const struct cfg_opt config_opts[] = {
 	  .man = "Print the model's metadata and exit." },
 	{ "prompt", 'p', CT_STR, F_CLI, SEC_GEN, O(prompt), .arg = "TEXT",
 	  .help = "generate a continuation of TEXT and exit",
-	  .man = "Generate a continuation of\n.I TEXT\nand exit." },
+	  .man = "Generate a continuation of\n.I TEXT\nand exit. Its KV pool holds this one\n"
+		 "request (prompt plus\n.BR \\-\\-n\\-predict ,\nwithin\n.BR \\-\\-ctx ),\n"
+		 "whatever\n.B kv\\-mem\nand\n.B kv\\-blocks\nsay: those size the daemon's pool.\n"
+		 "A prefill that takes over a second shows its progress on stderr when that is\n"
+		 "a terminal." },
 	{ "system", 0, CT_STR, F_CLI, SEC_GEN, O(system), .arg = "TEXT",
 	  .help = "system message for --chat",
 	  .man = "A system message for\n.BR \\-\\-chat ." },
@@ -50,8 +54,10 @@ const struct cfg_opt config_opts[] = {
 	  .help = "wrap the prompt in the model's chat template",
 	  .man = "Wrap the prompt in the model's chat template." },
 	{ "n-predict", 'n', CT_INT, F_CLI, SEC_GEN, O(n_predict), RANGE(0, 1 << 20), .arg = "N",
-	  .help = "tokens to generate (default 128)",
-	  .man = "Tokens to generate (default 128)." },
+	  .help = "tokens to generate (default 128; 0: prefill only)",
+	  .man = "Tokens to generate (default 128). 0 only prefills the prompt (so its speed\n"
+		 "can be measured) and says so on stderr:\n"
+		 ".I prefill only: N prompt positions cached, no tokens generated" },
 	{ "temp", 0, CT_F32, F_CLI, SEC_GEN, O(sp.temperature), RANGE(0, 100), .arg = "T",
 	  .help = "temperature (default 0: greedy)",
 	  .man = "Sampling temperature (default 0: greedy)." },
