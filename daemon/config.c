@@ -14,12 +14,12 @@
 #include "kernels/backend.h"
 
 #define MAX_LINE 4096
+#define MAX_FILE (1 << 20)
 #ifndef KVD_DATADIR
 #define KVD_DATADIR "/usr/local/share/kvd"	/* daemon.mk passes $(PREFIX)/share/kvd */
 #endif
 
 const char config_datadir[] = KVD_DATADIR;
-#define MAX_FILE (1 << 20)
 
 
 static void *field(const struct kvd_options *o, const struct cfg_opt *t)
