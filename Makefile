@@ -60,6 +60,19 @@ $(MODEL): tools/fetch-model.sh
 # The fetch script is idempotent and checks the file's sha256 itself.
 .PHONY: $(MODEL)
 
+# The model `make model` fetched goes where an installed kvd looks for it
+# (KVD_DATADIR/models); without one, install says how to get it.
+.PHONY: install-model
+install: install-model
+install-model:
+	@if [ -f $(MODEL) ]; then \
+		echo "install -m 0644 $(MODEL) $(DESTDIR)$(KVD_DATADIR)/models/"; \
+		install -d $(DESTDIR)$(KVD_DATADIR)/models && \
+		install -m 0644 $(MODEL) $(DESTDIR)$(KVD_DATADIR)/models/; \
+	else \
+		echo "no $(MODEL) to install: run make model first, or give kvd --model PATH"; \
+	fi
+
 clean:
 	rm -rf $(B)
 

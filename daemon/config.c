@@ -16,6 +16,11 @@
 
 #define MAX_LINE 4096
 #define MAX_FILE (1 << 20)
+#ifndef KVD_DATADIR
+#define KVD_DATADIR "/usr/local/share/kvd"	/* daemon.mk passes $(PREFIX)/share/kvd */
+#endif
+
+const char config_datadir[] = KVD_DATADIR;
 
 
 static void *field(const struct kvd_options *o, const struct cfg_opt *t)
@@ -225,7 +230,6 @@ static size_t value_size(const struct cfg_opt *t)
 void config_defaults(struct kvd_options *o)
 {
 	memset(o, 0, sizeof(*o));
-	o->model = CONFIG_DEFAULT_MODEL;
 	o->n_predict = 128;
 	o->kv_block_tokens = 16;
 	o->kv_type = KB_F16;
@@ -239,12 +243,93 @@ void config_defaults(struct kvd_options *o)
 		.max_arena_bytes = 64 << 20, .max_batch_rows = 32, .drain_timeout_ms = 5000,
 	};
 	sampler_params_default(&o->sp);
-	/* Under systemd the model lives in the unit's StateDirectory. */
+	/* model stays NULL: finish() looks for the default one once nothing names another. */
+}
+
+/* dir/name into out; -ENAMETOOLONG when it does not fit. */
+static int join(char *out, size_t len, const char *dir, int dir_len, const char *name)
+{
+	int n = snprintf(out, len, "%.*s/%s", dir_len, dir, name);
+	return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
+}
+
+/* The source tree kvd was built in: the nearest ancestor of its binary's folder with a models/ folder. */
+static int source_models(char *out, size_t len)
+{
+	char dir[CONFIG_PATH_MAX], first[CONFIG_PATH_MAX] = "";
+	ssize_t n = readlink("/proc/self/exe", dir, sizeof(dir) - 1);
+	if (n <= 0)
+		return -ENOENT;
+	dir[n] = 0;
+	char *slash = strrchr(dir, '/');
+	if (!slash || slash == dir)
+		return -ENOENT;
+	*slash = 0;	/* the binary's folder: build/ */
+	for (int up = 0; up < 3 && (slash = strrchr(dir, '/')); up++) {
+		*slash = 0;
+		struct stat st;
+		if (join(out, len, dir, -1, "models"))
+			return -ENAMETOOLONG;
+		if (!first[0] && join(first, sizeof(first), dir, -1, "models"))
+			return -ENAMETOOLONG;
+		if (!stat(out, &st) && S_ISDIR(st.st_mode))
+			return 0;
+		if (slash == dir)
+			break;
+	}
+	/* None: name the place a checkout would have it (build/../models), for the message. */
+	size_t fl = strlen(first);
+	if (!fl || fl >= len)
+		return -ENOENT;
+	memcpy(out, first, fl + 1);
+	return 0;
+}
+
+int config_model_places(char (*places)[CONFIG_PATH_MAX])
+{
+	char dir[CONFIG_PATH_MAX];
+	int n = 0;
+	/* systemd may list several state directories, ':'-separated; the model is in the first. */
 	const char *state = getenv("STATE_DIRECTORY");
-	int mi = find_opt("model", 5);
-	if (state && *state && !strchr(state, ':') &&
-	    asprintf(&o->owned[mi], "%s/%s", state, CONFIG_DEFAULT_MODEL) > 0)
-		o->model = o->owned[mi];
+	size_t sl = state ? strcspn(state, ":") : 0;
+	if (sl && !join(dir, sizeof(dir), state, (int)sl, "models") &&
+	    !join(places[n], CONFIG_PATH_MAX, dir, -1, CONFIG_MODEL_FILE))
+		n++;
+	else if (!sl)
+		join(places[n++], CONFIG_PATH_MAX, "/var/lib/kvd/models", -1, CONFIG_MODEL_FILE);
+	if (!join(dir, sizeof(dir), config_datadir, -1, "models") &&
+	    !join(places[n], CONFIG_PATH_MAX, dir, -1, CONFIG_MODEL_FILE))
+		n++;
+	if (!source_models(dir, sizeof(dir)) && !join(places[n], CONFIG_PATH_MAX, dir, -1, CONFIG_MODEL_FILE))
+		n++;
+	return n;
+}
+
+/* No model named: the first place holding the default one, else NULL and the list of places tried. */
+static int find_model(struct kvd_options *o)
+{
+	char places[CONFIG_MODEL_PLACES][CONFIG_PATH_MAX];
+	int n = config_model_places(places), mi = find_opt("model", 5);
+	for (int i = 0; i < n; i++) {
+		struct stat st;
+		if (!stat(places[i], &st) && S_ISREG(st.st_mode)) {
+			free(o->owned[mi]);
+			if (!(o->owned[mi] = strdup(places[i])))
+				return -ENOMEM;
+			o->model = o->owned[mi];
+			return 0;
+		}
+	}
+	size_t len = 0;
+	for (int i = 0; i < n; i++)
+		len += strlen(places[i]) + 2;
+	free(o->model_tried);
+	if (!(o->model_tried = malloc(len + 1)))
+		return -ENOMEM;
+	o->model_tried[0] = 0;
+	for (int i = 0; i < n; i++)
+		strcat(strcat(o->model_tried, i ? ", " : ""), places[i]);
+	return 0;
 }
 
 /* Store a copy of s as option i's value, from src. */
@@ -470,6 +555,11 @@ static int finish(struct kvd_options *o, char *err, size_t errlen)
 			 "'_', '.' and '-', not starting with '.'", o->instance, KVD_PIN_INSTANCE_MAX);
 		return -EINVAL;
 	}
+	if (!o->model) {
+		int rc = find_model(o);
+		if (rc)
+			return log_errf(err, errlen, rc, "cannot look for the model: %s", strerror(-rc));
+	}
 #ifndef KVD_HAVE_CUDA
 	if (o->backend == KB_BACKEND_CUDA) {
 		log_errf(err, errlen, 0, "backend = cuda: this kvd was built without the CUDA backend "
@@ -515,6 +605,8 @@ void config_free(struct kvd_options *o)
 	free(o->file_name);
 	o->file_name = NULL;
 	o->file_used = NULL;
+	free(o->model_tried);
+	o->model_tried = NULL;
 }
 
 const char *config_default_socket(char *buf, size_t len)
@@ -564,6 +656,11 @@ void config_print(const struct kvd_options *o, FILE *f)
 		format_origin(o, i, from, sizeof(from));
 		if (!strcmp(t->name, "socket") && !o->srv.socket_path)
 			snprintf(val, sizeof(val), "%s", config_default_socket(sock, sizeof(sock)));
+		if (!strcmp(t->name, "model") && !o->model) {
+			fprintf(f, "# %-20s   (none found; looked in %s)  # %s\n", t->name,
+				o->model_tried ? o->model_tried : "?", from);
+			continue;
+		}
 		if (!strcmp(t->name, "socket-group") && !o->socket_group) {
 			fprintf(f, "# %-20s   (unset: the daemon's own group)  # %s\n", t->name, from);
 			continue;

@@ -11,7 +11,9 @@
 #include "kernels/backend.h"
 
 #define CONFIG_DEFAULT_PATH "/etc/kvd/kvd.conf"
-#define CONFIG_DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+#define CONFIG_MODEL_FILE "SmolLM2-135M-Instruct.Q4_1.gguf"	/* what `make model` fetches */
+#define CONFIG_MODEL_PLACES 3	/* state directory, data directory, the build's source tree */
+#define CONFIG_PATH_MAX 4096
 #define CONFIG_MAX_OPTS 64	/* entries of the option table, with room to grow */
 
 /* Where an option's value came from, for --print-config and reload messages. */
@@ -35,7 +37,7 @@ struct kvd_options {
 	int n_predict;
 	struct sampler_params sp;
 	/* the daemon: file and command line */
-	const char *model;
+	const char *model;		/* NULL: no model named, and none found at model_tried */
 	uint32_t threads;		/* 0: every core */
 	uint32_t ctx;			/* 0: the model's */
 	uint64_t kv_mem;		/* 0: see kv_blocks */
@@ -54,14 +56,31 @@ struct kvd_options {
 	struct config_origin origin[CONFIG_MAX_OPTS];	/* by table index */
 	char *owned[CONFIG_MAX_OPTS];	/* strings copied out of the file */
 	char *file_name;		/* copy of file_used */
+	char *model_tried;		/* the default model's places, ", "-separated, when none held it */
 	int argc;			/* kept for config_reload */
 	char **argv;
 };
 
 /*
+ * The places the default model is looked for, in order, into places
+ * (CONFIG_MODEL_PLACES, each CONFIG_PATH_MAX): $STATE_DIRECTORY/models (systemd's
+ * StateDirectory=; /var/lib/kvd/models without it), config_datadir/models
+ * (where `make install` puts the model), then models/ in the source tree the
+ * running kvd was built in (the nearest of its binary's ancestors holding a
+ * models/ folder: build/kvd, build/asan/kvd), each followed by
+ * CONFIG_MODEL_FILE. Never the current directory: kvd finds the same model
+ * wherever it is started. Returns how many were written.
+ */
+int config_model_places(char (*places)[CONFIG_PATH_MAX]);
+/* The install prefix's data directory, $(PREFIX)/share/kvd, as the build was told it. */
+extern const char config_datadir[];
+
+/*
  * Defaults, then the file (--config PATH, else $KVD_CONFIG, else
  * /etc/kvd/kvd.conf, which may be missing), then $KVD_MODEL, then the
- * command line, each overriding the one before. Returns 0, or -EINVAL/-errno with a one-line message in err
+ * command line, each overriding the one before. When none of them names a
+ * model, the first of config_model_places() holding one is the model; when
+ * none does, model is NULL and model_tried lists them. Returns 0, or -EINVAL/-errno with a one-line message in err
  * that names the file and line or the option at fault. config_free() after,
  * either way.
  */

@@ -42,7 +42,11 @@ const struct cfg_opt config_opts[] = {
 	  .man = "Print the model's metadata and exit." },
 	{ "prompt", 'p', CT_STR, F_CLI, SEC_GEN, O(prompt), .arg = "TEXT",
 	  .help = "generate a continuation of TEXT and exit",
-	  .man = "Generate a continuation of\n.I TEXT\nand exit." },
+	  .man = "Generate a continuation of\n.I TEXT\nand exit. Its KV pool holds this one\n"
+		 "request (prompt plus\n.BR \\-\\-n\\-predict ,\nwithin\n.BR \\-\\-ctx ),\n"
+		 "whatever\n.B kv\\-mem\nand\n.B kv\\-blocks\nsay: those size the daemon's pool.\n"
+		 "A prefill that takes over a second shows its progress on stderr when that is\n"
+		 "a terminal." },
 	{ "system", 0, CT_STR, F_CLI, SEC_GEN, O(system), .arg = "TEXT",
 	  .help = "system message for --chat",
 	  .man = "A system message for\n.BR \\-\\-chat ." },
@@ -50,8 +54,10 @@ const struct cfg_opt config_opts[] = {
 	  .help = "wrap the prompt in the model's chat template",
 	  .man = "Wrap the prompt in the model's chat template." },
 	{ "n-predict", 'n', CT_INT, F_CLI, SEC_GEN, O(n_predict), RANGE(0, 1 << 20), .arg = "N",
-	  .help = "tokens to generate (default 128)",
-	  .man = "Tokens to generate (default 128)." },
+	  .help = "tokens to generate (default 128; 0: prefill only)",
+	  .man = "Tokens to generate (default 128). 0 only prefills the prompt (so its speed\n"
+		 "can be measured) and says so on stderr:\n"
+		 ".I prefill only: N prompt positions cached, no tokens generated" },
 	{ "temp", 0, CT_F32, F_CLI, SEC_GEN, O(sp.temperature), RANGE(0, 100), .arg = "T",
 	  .help = "temperature (default 0: greedy)",
 	  .man = "Sampling temperature (default 0: greedy)." },
@@ -72,11 +78,18 @@ const struct cfg_opt config_opts[] = {
 	  .man = "Sampler seed (default 0); the same seed and prompt give the same text." },
 	/* the model, compute and the KV pool */
 	{ "model", 'm', CT_STR, 0, SEC_MODEL, O(model), .arg = "PATH",
-	  .help = "GGUF model (default $KVD_MODEL or " CONFIG_DEFAULT_MODEL ",\n"
-		  "under $STATE_DIRECTORY when systemd sets it)",
-	  .man = "The GGUF model. Default\n.I models/SmolLM2\\-135M\\-Instruct.Q4_1.gguf\n(under\n"
-		 ".B $STATE_DIRECTORY\nwhen systemd sets it, i.e.\n.I /var/lib/kvd/models/\n"
-		 "for kvd.service)." },
+	  .help = "GGUF model (default $KVD_MODEL, else " CONFIG_MODEL_FILE "\n"
+		  "in the first of $STATE_DIRECTORY/models (or /var/lib/kvd/models),\n"
+		  "PREFIX/share/kvd/models and the source tree's models/)",
+	  .man = "The GGUF model. Without it (and without\n.BR KVD_MODEL ),\nkvd uses the first of\n"
+		 ".IR $STATE_DIRECTORY/models/SmolLM2\\-135M\\-Instruct.Q4_1.gguf\n"
+		 "(systemd sets\n.B STATE_DIRECTORY\nfor kvd.service;\n.I /var/lib/kvd/models/\n"
+		 "without it),\n.I PREFIX/share/kvd/models/\n(the install prefix's, where\n"
+		 ".B make install\nputs the model\n.B make model\nfetched) and the\n.I models/\n"
+		 "folder of the source tree kvd was built in (found from the binary's own path,\n"
+		 "so\n.B build/kvd\nworks from any directory) that holds that file; never the\n"
+		 "current directory. When none does, kvd names the places it looked and exits 1.\n"
+		 "A relative\n.I PATH\nis taken from the current directory." },
 	{ "backend", 0, CT_ENUM, 0, SEC_DAEMON, O(backend), ENUM(backends, backend_vals), .arg = "B",
 	  .help = "auto (CUDA when a device is present), cpu, cuda",
 	  .man = ".B auto\n(CUDA when a device is present, else the CPU),\n.B cpu\nor\n.BR cuda .\n"
@@ -85,8 +98,14 @@ const struct cfg_opt config_opts[] = {
 	  .help = "compute threads (default 0: all cores)",
 	  .man = "Compute threads (default 0: one per core)." },
 	{ "ctx", 0, CT_U32, 0, SEC_MODEL, O(ctx), RANGE(0, 1 << 24), .arg = "N",
-	  .help = "context length (default 0: the model's)",
-	  .man = "Context length (default 0: the model's)." },
+	  .help = "positions a sequence may use, at most the model's trained\n"
+		  "context (default 0: the model's)",
+	  .man = "Positions one sequence may use: prompt, generated tokens and everything a\n"
+		 "session's slot keeps (default 0: the model's trained context,\n"
+		 ".B kvd \\-\\-info\nshows it). Requests that need more fail with E2BIG, the\n"
+		 "HELLO reply's\n.B ctx_len\n(which\n.B kvctl info\nprints) is it, and\n"
+		 ".B \\-\\-prompt\nobeys it. A value above the trained context is refused:\n"
+		 "kvd does no RoPE scaling, so positions past it would give garbage." },
 	{ "kv-mem", 0, CT_SIZE, 0, SEC_MODEL, O(kv_mem), .arg = "BYTES",
 	  .help = "KV-cache pool size (suffix K, M, G; default: 64k tokens)",
 	  .man = "KV pool size, with an optional K, M or G suffix (default: room for 65536 tokens)." },

@@ -13,3 +13,13 @@ $(B)/kvd: $(B)/daemon/main.o $(CORE_LIB) $(BPF_LIB)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(BPF_LIBS)
 
 all: $(B)/kvd
+
+# The default model's search path names the install prefix's data directory;
+# config.o is rebuilt when that changes (the stamp is rewritten only then).
+KVD_DATADIR ?= $(PREFIX)/share/kvd
+$(B)/daemon/config.o: CPPFLAGS += -DKVD_DATADIR='"$(KVD_DATADIR)"'
+$(B)/daemon/config.o: $(B)/datadir.stamp
+$(B)/datadir.stamp: FORCE
+	@mkdir -p $(dir $@)
+	@echo '$(KVD_DATADIR)' > $@.tmp
+	@if cmp -s $@.tmp $@; then rm -f $@.tmp; else mv $@.tmp $@; fi

@@ -57,9 +57,13 @@ static int serve(struct kvd_options *o, struct model *m, struct backend *be, str
 	return rc;
 }
 
-/* The KV pool, reserved once: --kv-blocks, else --kv-mem, else 64k tokens. */
+/*
+ * The KV pool, reserved once. The daemon's (tokens 0): --kv-blocks, else
+ * --kv-mem, else 64k tokens. --prompt's: room for its one request of
+ * tokens positions and a block to spare, whatever the daemon's size says.
+ */
 static int make_pool(const struct kvd_options *o, const struct model *m, struct backend *be,
-		     struct kvpool **out)
+		     uint32_t tokens, struct kvpool **out)
 {
 	struct kvpool_config pc = {
 		.block_tokens = o->kv_block_tokens, .n_layers = m->hp.n_layers,
@@ -67,7 +71,9 @@ static int make_pool(const struct kvd_options *o, const struct model *m, struct 
 	};
 	size_t tok = kvpool_token_bytes(pc.kv_type, pc.n_layers, pc.kv_dim);
 	size_t blk = tok * pc.block_tokens;
-	if (o->kv_blocks)
+	if (tokens)
+		pc.n_blocks = (tokens + pc.block_tokens - 1) / pc.block_tokens + 1;
+	else if (o->kv_blocks)
 		pc.n_blocks = o->kv_blocks;
 	else if (o->kv_mem)
 		pc.n_blocks = (uint32_t)(o->kv_mem / blk < UINT32_MAX ? o->kv_mem / blk : UINT32_MAX);
@@ -83,7 +89,7 @@ static int make_pool(const struct kvd_options *o, const struct model *m, struct 
 			pc.n_blocks, blk, strerror(-rc));
 		return rc;
 	}
-	log_msg(LOG_NOTICE, "KV cache %s: %zu bytes per token (2 x %u layers x %u kv_dim x %s), pool %u blocks x %u tokens = %llu tokens, %.1f MiB\n",
+	log_msg(LOG_NOTICE, "KV cache %s: %zu bytes per token (2 x %u layers x %u kv_dim x %s), pool %u blocks x %u tokens = %llu tokens, %.1f MiB",
 		o->kv_type == KB_F32 ? "f32" : o->kv_type == KB_Q8_0 ? "q8_0" : "f16", tok,
 		pc.n_layers, pc.kv_dim, o->kv_type == KB_F32 ? "4 B" : o->kv_type == KB_Q8_0 ? "34/32 B" : "2 B",
 		pc.n_blocks, pc.block_tokens, (unsigned long long)pc.n_blocks * pc.block_tokens,
@@ -130,6 +136,13 @@ int main(int argc, char **argv)
 		goto out_config;
 	}
 	log_set_level(o.log_level);
+	if (!o.model) {
+		log_msg(LOG_ERR, "no model named, and none of the places kvd looks holds the default one: "
+			"%s. Run `make model` in kvd's source tree to fetch it (`make install` then puts "
+			"it in %s/models), or name a model with --model PATH, model = PATH in the "
+			"configuration file or $KVD_MODEL", o.model_tried, config_datadir);
+		goto out_config;
+	}
 	int daemon = !o.prompt && !o.info;
 	if (daemon) {
 		server_block_signals(NULL);	/* before any thread exists, so none gets one */
@@ -143,6 +156,11 @@ int main(int argc, char **argv)
 		log_msg(LOG_NOTICE, "%s: others may write it, so it is read into kvd's own memory rather "
 			"than mapped (make it owned by kvd's user and not group- or world-writable to map it)",
 			o.model);
+	if ((rc = model_set_ctx(m, o.ctx, err, sizeof(err)))) {
+		log_msg(LOG_ERR, "%s", err);
+		status = 2;
+		goto out_model;
+	}
 	if (o.info) {
 		oneshot_info(m);
 		status = 0;
@@ -150,12 +168,15 @@ int main(int argc, char **argv)
 	}
 	if (make_backend(&o, &be))
 		goto out_model;
-	if (daemon)
-		service_notify("STATUS=reserving the KV pool");
-	if (make_pool(&o, m, be, &pool))
+	if (o.prompt) {
+		/* Its pool waits for the prompt's length. */
+		status = oneshot_prompt(&o, m, be, make_pool) ? 1 : 0;
 		goto out_backend;
-	rc = o.prompt ? oneshot_prompt(&o, m, be, pool) : serve(&o, m, be, pool);
-	status = rc ? 1 : 0;
+	}
+	service_notify("STATUS=reserving the KV pool");
+	if (make_pool(&o, m, be, 0, &pool))
+		goto out_backend;
+	status = serve(&o, m, be, pool) ? 1 : 0;
 	kvpool_destroy(pool);
 out_backend:
 	be->ops->destroy(be);

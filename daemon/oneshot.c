@@ -5,8 +5,10 @@
 #include <string.h>
 #include <unistd.h>
 #include "daemon/config.h"
+#include "daemon/log.h"
 #include "daemon/engine/engine.h"
 #include "daemon/engine/generate.h"
+#include "daemon/engine/kvpool.h"
 #include "daemon/engine/sampler.h"
 #include "daemon/model/gguf.h"
 #include "daemon/model/model.h"
@@ -28,7 +30,10 @@ void oneshot_info(const struct model *m)
 	       hp->n_kv_heads, hp->head_dim);
 	printf("ffn          %u\n", hp->ffn_dim);
 	printf("vocab        %u\n", hp->vocab);
-	printf("context      %u\n", hp->ctx_len);
+	if (hp->ctx_len < hp->train_ctx)
+		printf("context      %u (ctx; trained %u)\n", hp->ctx_len, hp->train_ctx);
+	else
+		printf("context      %u\n", hp->ctx_len);
 	printf("rope         theta %g, %u dims\n", (double)hp->rope_theta, hp->rot_dim);
 	printf("norm eps     %g\n", (double)hp->norm_eps);
 	printf("output       %s\n", hp->tied_output ? "tied to token_embd" : "separate");
@@ -100,7 +105,30 @@ static int prompt_tokens(const struct kvd_options *o, const struct tokenizer *to
 struct printer {
 	const struct tokenizer *tok;
 	struct tok_decoder dec;
+	int tty;		/* stderr is a terminal: a long prefill shows its progress there */
+	uint64_t t0;		/* the prefill's start */
+	int shown;		/* a progress line is on the terminal */
 };
+
+/* Take the progress line off the terminal, so what follows starts a clean line. */
+static void erase_progress(struct printer *pr)
+{
+	if (pr->shown)
+		fputs("\r\033[K", stderr);
+	pr->shown = 0;
+}
+
+/* After each prefill pass: a line that updates in place once the prefill has taken a second. */
+static void print_progress(void *arg, uint32_t done, uint32_t total)
+{
+	struct printer *pr = arg;
+	if (done >= total)
+		erase_progress(pr);
+	else if (pr->tty && log_now_ns() - pr->t0 >= 1000000000ull) {
+		fprintf(stderr, "\rprefill %u/%u positions", done, total);
+		pr->shown = 1;
+	}
+}
 
 /* Each token's text through the streaming decoder, as it comes; an end token prints nothing. */
 static int print_token(void *arg, uint32_t id, int eog)
@@ -119,6 +147,11 @@ static int print_token(void *arg, uint32_t id, int eog)
 static void print_speed(const struct generate_result *r, const struct backend *be)
 {
 	double pre = (double)r->prefill_ns * 1e-9, dec = (double)r->decode_ns * 1e-9;
+	if (!r->n_out) {
+		fprintf(stderr, "kvd: prefill %u tokens in %.3f s (%.1f tok/s), %u threads, %s backend\n",
+			r->n_prompt, pre, r->n_prompt / pre, be->n_threads, be->ops->name);
+		return;
+	}
 	fprintf(stderr, "kvd: prefill %u tokens in %.3f s (%.1f tok/s), decode %u tokens in %.3f s (%.1f tok/s), %u threads, %s backend\n",
 		r->n_prompt, pre, r->n_prompt / pre, r->n_out, dec,
 		r->n_out > 1 ? (r->n_out - 1) / dec : 0.0, be->n_threads, be->ops->name);
@@ -137,24 +170,31 @@ static int run(const struct kvd_options *o, struct model *m, struct backend *be,
 		fprintf(stderr, "kvd: cannot set up generation: %s\n", strerror(-rc));
 		goto out;
 	}
-	struct printer pr = { .tok = tok };
+	struct printer pr = { .tok = tok, .tty = isatty(2), .t0 = log_now_ns() };
 	struct generate_params gp = { .max_tokens = (uint32_t)o->n_predict, .ctx = ctx, .tok = tok,
-				      .on_token = print_token, .arg = &pr };
+				      .on_token = print_token, .on_prefill = print_progress, .arg = &pr };
 	struct generate_result res;
 	struct engine_seq seq;
 	/* The prefix-cache namespace: the user, so one user cannot time another's prompts. */
 	engine_seq_init(eng, &seq, o->srv.prefix_global ? 0 : (uint32_t)getuid());
 	rc = generate(eng, smp, &seq, ids, n, &gp, &res);
+	uint32_t cached = engine_seq_len(&seq);
 	engine_seq_release(eng, &seq);
+	erase_progress(&pr);
 	if (rc) {
 		fprintf(stderr, "kvd: forward pass failed: %s\n", strerror(-rc));
 		goto out;
 	}
-	char tail[16];
-	int nt = tok_decoder_flush(&pr.dec, tail, sizeof(tail));
-	if (nt > 0)
-		fwrite(tail, 1, (size_t)nt, stdout);
-	printf("\n");
+	if (o->n_predict == 0) {
+		/* Prefill only is a request of its own (kvctl says the same): no text, not even a newline. */
+		fprintf(stderr, "prefill only: %u prompt positions cached, no tokens generated\n", cached);
+	} else {
+		char tail[16];
+		int nt = tok_decoder_flush(&pr.dec, tail, sizeof(tail));
+		if (nt > 0)
+			fwrite(tail, 1, (size_t)nt, stdout);
+		printf("\n");
+	}
 	print_speed(&res, be);
 out:
 	sampler_destroy(smp);
@@ -163,20 +203,26 @@ out:
 }
 
 int oneshot_prompt(const struct kvd_options *o, struct model *m, struct backend *be,
-		   struct kvpool *pool)
+		   oneshot_pool_fn make_pool)
 {
 	char err[256];
 	struct tokenizer *tok;
+	struct kvpool *pool = NULL;
 	uint32_t *ids = NULL, n = 0;
 	int rc = tokenizer_for_model(&tok, m, err, sizeof(err));
 	if (rc) {
 		fprintf(stderr, "kvd: tokenizer: %s\n", err);
 		return rc;
 	}
-	uint32_t ctx = o->ctx && o->ctx < m->hp.ctx_len ? o->ctx : m->hp.ctx_len;
+	uint32_t ctx = m->hp.ctx_len;	/* --ctx applied: model_set_ctx */
 	rc = prompt_tokens(o, tok, ctx, &ids, &n);
+	/* One request's positions: prompt_tokens checked they fit the context. */
+	if (!rc)
+		rc = make_pool(o, m, be, n + (uint32_t)o->n_predict, &pool);
 	if (!rc)
 		rc = run(o, m, be, pool, tok, ids, n, ctx);
+	if (pool)
+		kvpool_destroy(pool);
 	free(ids);
 	tokenizer_destroy(tok);
 	return rc;

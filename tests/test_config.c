@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <syslog.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "daemon/config.h"
@@ -88,7 +89,6 @@ static void test_defaults(void **state)
 	char err[512];
 	write_file(conf, "");
 	assert_int_equal(load(&o, err, sizeof(err), "--config", conf, NULL), 0);
-	assert_string_equal(o.model, CONFIG_DEFAULT_MODEL);
 	assert_int_equal(o.srv.max_sessions, 16);
 	assert_int_equal(o.srv.max_slots, 8);
 	assert_int_equal(o.srv.max_tokens, 8192);
@@ -105,12 +105,20 @@ static void test_defaults(void **state)
 	assert_string_equal(o.file_used, conf);
 	config_free(&o);
 
-	/* systemd's StateDirectory= moves the default model there. */
-	setenv("STATE_DIRECTORY", "/var/lib/kvd", 1);
+	/* A default model in systemd's StateDirectory= comes first. */
+	char models[128], model[256];
+	snprintf(models, sizeof(models), "%s/models", dir);
+	snprintf(model, sizeof(model), "%s/%s", models, CONFIG_MODEL_FILE);
+	assert_int_equal(mkdir(models, 0755), 0);
+	write_file(model, "");
+	setenv("STATE_DIRECTORY", dir, 1);
 	assert_int_equal(load(&o, err, sizeof(err), "--config", conf, NULL), 0);
-	assert_string_equal(o.model, "/var/lib/kvd/" CONFIG_DEFAULT_MODEL);
+	assert_string_equal(o.model, model);
+	assert_null(o.model_tried);
 	config_free(&o);
 	unsetenv("STATE_DIRECTORY");
+	unlink(model);
+	rmdir(models);
 
 	/* The default file may be missing; $KVD_CONFIG names another. */
 	setenv("KVD_CONFIG", conf, 1);
@@ -119,6 +127,41 @@ static void test_defaults(void **state)
 	assert_int_equal(o.srv.max_sessions, 3);
 	config_free(&o);
 	unsetenv("KVD_CONFIG");
+}
+
+/*
+ * Where kvd looks for the default model: the state directory (systemd's
+ * first, else /var/lib/kvd), the install prefix's data directory, then the
+ * source tree this binary was built in, found from the binary's path
+ * (build/tests/test_config here), never from the current directory.
+ */
+static void test_model_places(void **state)
+{
+	(void)state;
+	char places[CONFIG_MODEL_PLACES][CONFIG_PATH_MAX], want[CONFIG_PATH_MAX + 64];
+	setenv("STATE_DIRECTORY", "/var/lib/kvd-a:/var/lib/kvd-b", 1);
+	int n = config_model_places(places);
+	unsetenv("STATE_DIRECTORY");
+	assert_int_equal(n, CONFIG_MODEL_PLACES);
+	assert_string_equal(places[0], "/var/lib/kvd-a/models/" CONFIG_MODEL_FILE);
+	snprintf(want, sizeof(want), "%s/models/%s", config_datadir, CONFIG_MODEL_FILE);
+	assert_string_equal(places[1], want);
+	/* The tests run from the repository root, whose models/ the build's binaries find. */
+	char cwd[CONFIG_PATH_MAX];
+	struct stat st;
+	assert_non_null(getcwd(cwd, sizeof(cwd)));
+	snprintf(want, sizeof(want), "%s/models", cwd);
+	if (!stat(want, &st) && S_ISDIR(st.st_mode)) {
+		snprintf(want, sizeof(want), "%s/models/%s", cwd, CONFIG_MODEL_FILE);
+		assert_string_equal(places[2], want);
+	}
+	/* From any other directory, the same places. */
+	assert_int_equal(chdir("/"), 0);
+	char again[CONFIG_MODEL_PLACES][CONFIG_PATH_MAX];
+	assert_int_equal(config_model_places(again), n);
+	assert_int_equal(chdir(cwd), 0);
+	assert_string_equal(again[0], "/var/lib/kvd/models/" CONFIG_MODEL_FILE);
+	assert_string_equal(again[2], places[2]);
 }
 
 static void test_every_key_from_the_file(void **state)
@@ -568,6 +611,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_defaults),
+		cmocka_unit_test(test_model_places),
 		cmocka_unit_test(test_every_key_from_the_file),
 		cmocka_unit_test(test_precedence_and_print),
 		cmocka_unit_test(test_file_bad_values),

@@ -419,12 +419,24 @@ static void test_prefix_hit(void **state)
 	free(lw);
 }
 
-/* Records generated tokens; stops generation after stop_at of them (0: never). */
+/* Records generated tokens; stops generation after stop_at of them (0: never). And prefill progress. */
 struct record {
 	uint32_t tokens[16];
 	uint32_t n;
 	uint32_t stop_at;
+	uint32_t done[8];	/* on_prefill's positions done, by call */
+	uint32_t n_progress;
+	uint32_t total;		/* its total, the same every call */
 };
+
+static void record_progress(void *arg, uint32_t done, uint32_t total)
+{
+	struct record *r = arg;
+	assert_true(r->n_progress < 8);
+	assert_true(r->n_progress == 0 || total == r->total);
+	r->total = total;
+	r->done[r->n_progress++] = done;
+}
 
 static int record_token(void *arg, uint32_t token, int eog)
 {
@@ -506,7 +518,26 @@ static void test_generate(void **state)
 	assert_int_equal(res.stop, GENERATE_CALLER);
 	assert_int_equal(rec.n, 2);
 
+	/* on_prefill hears of each pass (kvd --prompt's progress line), and changes no token. */
+	rec = (struct record){0};
+	gp = (struct generate_params){ .max_tokens = 6, .on_prefill = record_progress };
+	generate_case(smp, ids, n, &gp, &rec, &res);
+	assert_int_equal(rec.n_progress, 2);
+	assert_int_equal(rec.total, n);
+	assert_int_equal(rec.done[0], MAX_ROWS);
+	assert_int_equal(rec.done[1], n);
+	assert_memory_equal(rec.tokens, want, sizeof(want));
+
+	/* max_tokens 0 is a prefill only: the prompt cached, nothing sampled. */
 	struct engine_seq s;
+	gp = (struct generate_params){ .max_tokens = 0 };
+	seq_new(&s);
+	assert_int_equal(generate(E, smp, &s, ids, n, &gp, &res), 0);
+	assert_int_equal(res.n_out, 0);
+	assert_int_equal(res.stop, GENERATE_LENGTH);
+	assert_int_equal(engine_seq_len(&s), n);
+	engine_seq_release(E, &s);
+
 	seq_new(&s);
 	assert_int_equal(generate(E, smp, &s, ids, 0, &gp, &res), -EINVAL);
 	engine_seq_release(E, &s);

@@ -8,7 +8,7 @@
 #include "daemon/tokenizer/tokenizer.h"
 
 int generate_prefill(struct engine *e, struct engine_seq *s, const uint32_t *tokens, uint32_t n,
-		     float *logits)
+		     float *logits, const struct generate_params *gp)
 {
 	uint32_t max = engine_max_rows(e), p0 = engine_seq_len(s);
 	struct engine_row *rows = calloc(n < max ? n : max, sizeof(*rows));
@@ -21,6 +21,8 @@ int generate_prefill(struct engine *e, struct engine_seq *s, const uint32_t *tok
 		for (uint32_t i = 0; i < c; i++)
 			rows[i] = (struct engine_row){ s, p0 + p + i, tokens[p + i], p + i == n - 1 };
 		rc = engine_forward(e, rows, c, logits);
+		if (!rc && gp && gp->on_prefill)
+			gp->on_prefill(gp->arg, p + c, n);
 	}
 	free(rows);
 	return rc;
@@ -75,7 +77,7 @@ int generate(struct engine *e, struct sampler *smp, struct engine_seq *s, const 
 	if (!logits)
 		return -ENOMEM;
 	uint64_t t0 = log_now_ns();
-	int rc = generate_prefill(e, s, prompt, n, logits);
+	int rc = generate_prefill(e, s, prompt, n, logits, gp);
 	res->prefill_ns = log_now_ns() - t0;
 	if (!rc)
 		rc = generate_decode(e, smp, s, logits, gp, res);

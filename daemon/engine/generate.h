@@ -23,12 +23,16 @@ enum generate_stop {
  */
 typedef int (*generate_token_fn)(void *arg, uint32_t token, int eog);
 
+/* After each prefill pass: done of the prompt's total positions are cached (done == total last). */
+typedef void (*generate_progress_fn)(void *arg, uint32_t done, uint32_t total);
+
 struct generate_params {
 	uint32_t max_tokens;		/* at most this many tokens; 0: prefill only */
 	uint32_t ctx;			/* positions a sequence may use; 0 (or above the model's): the model's */
 	const struct tokenizer *tok;	/* whose end-of-generation tokens stop; NULL: none do */
 	generate_token_fn on_token;	/* may be NULL */
-	void *arg;
+	generate_progress_fn on_prefill;	/* may be NULL */
+	void *arg;			/* both callbacks' */
 };
 
 struct generate_result {
@@ -41,11 +45,13 @@ struct generate_result {
 
 /*
  * Feed tokens (n,) at positions engine_seq_len(s).. in passes of
- * engine_max_rows rows; logits (vocab,) get the last token's. 0 or
+ * engine_max_rows rows (the passes a batch of them would take: how the
+ * rows are split never changes a result); logits (vocab,) get the last
+ * token's. gp (may be NULL): its on_prefill hears of each pass. 0 or
  * engine_forward's -errno (-ENOMEM for the row buffer).
  */
 int generate_prefill(struct engine *e, struct engine_seq *s, const uint32_t *tokens, uint32_t n,
-		     float *logits);
+		     float *logits, const struct generate_params *gp);
 
 /*
  * From a sequence whose last fed token's logits (vocab,) are in logits:

@@ -124,6 +124,7 @@ static int load_hparams(struct model *m, const char *path, char *err, size_t err
 			    "inconsistent hyperparameters: layers %u dim %u heads %u kv_heads %u ffn %u ctx %u",
 			    hp->n_layers, hp->dim, hp->n_heads, hp->n_kv_heads, hp->ffn_dim,
 			    hp->ctx_len);
+	hp->train_ctx = hp->ctx_len;
 	hp->head_dim = hp->dim / hp->n_heads;
 	hp->kv_dim = hp->n_kv_heads * hp->head_dim;
 	hp->rot_dim = hp->head_dim;
@@ -224,6 +225,17 @@ void model_free(struct model *m)
 	free(m->layers);
 	gguf_close(m->gguf);
 	free(m);
+}
+
+int model_set_ctx(struct model *m, uint32_t ctx, char *err, size_t errlen)
+{
+	if (ctx > m->hp.train_ctx)
+		return log_errf(err, errlen, -ERANGE,
+				"ctx %u is longer than the model's trained context of %u positions, and kvd "
+				"does no RoPE scaling to stretch it: use ctx %u or less (0: the model's)",
+				ctx, m->hp.train_ctx, m->hp.train_ctx);
+	m->hp.ctx_len = ctx ? ctx : m->hp.train_ctx;
+	return 0;
 }
 
 size_t model_kv_bytes_per_token(const struct model *m, size_t elem_bytes)

@@ -19,7 +19,8 @@ struct model_hparams {
 	uint32_t kv_dim;	/* n_kv_heads * head_dim */
 	uint32_t ffn_dim;
 	uint32_t vocab;
-	uint32_t ctx_len;	/* trained context length */
+	uint32_t ctx_len;	/* positions a sequence may use: train_ctx, or less (model_set_ctx) */
+	uint32_t train_ctx;	/* the trained context length, from the file */
 	uint32_t rot_dim;	/* dimensions RoPE rotates per head */
 	float rope_theta;
 	int rope_neox;		/* 0: adjacent pairs (Llama GGUF layout) */
@@ -55,6 +56,14 @@ struct model {
  */
 int model_load(struct model **out, const char *path, char *err, size_t errlen);
 void model_free(struct model *m);
+
+/*
+ * Let sequences use ctx positions (0: the trained context) instead of the
+ * trained context: everything that bounds a sequence reads hp.ctx_len.
+ * -ERANGE with both numbers in err when ctx is above the trained context:
+ * there is no RoPE scaling, so positions past it would give garbage.
+ */
+int model_set_ctx(struct model *m, uint32_t ctx, char *err, size_t errlen);
 
 /* KV-cache bytes one token needs at elem_bytes per element: 2 · layers · kv_dim · bytes. */
 size_t model_kv_bytes_per_token(const struct model *m, size_t elem_bytes);
