@@ -49,44 +49,36 @@ void oneshot_info(const struct model *m)
 	printf("\n");
 }
 
-/* The text to encode: the prompt, or the chat template around it (*owned to free). */
-static int prompt_text(const struct kvd_options *o, const struct tokenizer *tok,
-		       const char **text, char **owned)
+/*
+ * The prompt's ids into out (cap of them; NULL counts). With --chat the
+ * user's and system's text is plain text inside the template, as the
+ * daemon reads a CHAT request: "<|im_end|>" typed by a user stays text.
+ */
+static int encode_prompt(const struct kvd_options *o, const struct tokenizer *tok, uint32_t *out,
+			 size_t cap)
 {
-	*text = o->prompt;
-	*owned = NULL;
 	if (!o->chat)
-		return 0;
+		return tokenizer_encode(tok, o->prompt, strlen(o->prompt), tokenizer_add_bos(tok), 0,
+					out, cap);
 	struct chat_msg msgs[2];
 	size_t n = 0;
 	if (o->system)
 		msgs[n++] = (struct chat_msg){ "system", o->system };
 	msgs[n++] = (struct chat_msg){ "user", o->prompt };
-	int need = tokenizer_chat_format(tok, msgs, n, 1, NULL, 0);
-	if (need < 0) {
+	int rc = tokenizer_chat_encode(tok, msgs, n, 0, out, cap);
+	if (rc == -EINVAL || rc == -ENOTSUP)
 		fprintf(stderr, "kvd: this model has no chat template kvd understands\n");
-		return need;
-	}
-	if (!(*owned = malloc((size_t)need + 1)))
-		return -ENOMEM;
-	tokenizer_chat_format(tok, msgs, n, 1, *owned, (size_t)need + 1);
-	*text = *owned;
-	return 0;
+	return rc;
 }
 
 /* The prompt's token ids (*ids, *n; the caller frees), checked against the context. */
 static int prompt_tokens(const struct kvd_options *o, const struct tokenizer *tok, uint32_t ctx,
 			 uint32_t **ids, uint32_t *n)
 {
-	const char *input;
-	char *owned;
-	int rc = prompt_text(o, tok, &input, &owned);
-	if (rc)
-		return rc;
-	int bos = tokenizer_add_bos(tok);
-	int n_prompt = tokenizer_encode(tok, input, strlen(input), bos, o->chat, NULL, 0);
+	int rc = 0, n_prompt = encode_prompt(o, tok, NULL, 0);
 	if (n_prompt <= 0) {
-		fprintf(stderr, "kvd: the prompt encodes to no tokens\n");
+		if (n_prompt == 0)
+			fprintf(stderr, "kvd: the prompt encodes to no tokens\n");
 		rc = n_prompt < 0 ? n_prompt : -EINVAL;
 	} else if ((uint32_t)n_prompt + (uint32_t)o->n_predict > ctx) {
 		fprintf(stderr, "kvd: prompt (%d tokens) plus %d to generate exceed the context (%u)\n",
@@ -95,10 +87,9 @@ static int prompt_tokens(const struct kvd_options *o, const struct tokenizer *to
 	} else if (!(*ids = malloc((size_t)n_prompt * sizeof(uint32_t)))) {
 		rc = -ENOMEM;
 	} else {
-		tokenizer_encode(tok, input, strlen(input), bos, o->chat, *ids, (size_t)n_prompt);
+		encode_prompt(o, tok, *ids, (size_t)n_prompt);
 		*n = (uint32_t)n_prompt;
 	}
-	free(owned);
 	return rc;
 }
 

@@ -581,7 +581,8 @@ enum sqe_bad {
 	SB_TOKENS_STRADDLE, SB_TOKENS_WRAP, SB_TOKENS_HUGE, SB_OUT_MISALIGNED, SB_OUT_PAST,
 	SB_TOKEN_RANGE, SB_FLAG_BIT5, SB_FLAG_BIT15, SB_TARGET, SB_E2BIG, SB_PRIORITY,
 	SB_MAX_ZERO, SB_PROMPT_EMPTY, SB_CHAT_NO_TEXT, SB_TOP_P, SB_DECODE_PROMPT, SB_CANCEL_NONE,
-	SB_RESV,
+	SB_RESV, SB_SPECIAL_NO_TEXT, SB_PLAIN_SPECIAL, SB_SYSTEM_NO_CHAT, SB_SYSTEM_PAST,
+	SB_SYSTEM_OFF_ONLY, SB_PROGRESS_RESET,
 };
 
 static const struct {
@@ -602,7 +603,7 @@ static const struct {
 	{ SB_OUT_MISALIGNED, "out_off not a multiple of 4", -EFAULT },
 	{ SB_OUT_PAST, "output running off the arena", -EFAULT },
 	{ SB_TOKEN_RANGE, "token id == vocab_size", -ERANGE },
-	{ SB_FLAG_BIT5, "unknown SQE flag 1 << 5", -EINVAL },
+	{ SB_FLAG_BIT5, "KVD_SQE_PLAIN (1 << 5) without KVD_SQE_TEXT", -EINVAL },
 	{ SB_FLAG_BIT15, "unknown SQE flag 1 << 15", -EINVAL },
 	{ SB_TARGET, "target_user_data on a GENERATE", -EINVAL },
 	{ SB_E2BIG, "prompt + max_tokens over max_tokens", -E2BIG },
@@ -614,7 +615,21 @@ static const struct {
 	{ SB_DECODE_PROMPT, "DECODE carrying a prompt", -EINVAL },
 	{ SB_CANCEL_NONE, "CANCEL of a request never submitted", -ENOENT },
 	{ SB_RESV, "nonzero SQE resv", -EINVAL },
+	{ SB_SPECIAL_NO_TEXT, "KVD_SQE_SPECIAL without KVD_SQE_TEXT", -EINVAL },
+	{ SB_PLAIN_SPECIAL, "KVD_SQE_PLAIN with KVD_SQE_SPECIAL", -EINVAL },
+	{ SB_SYSTEM_NO_CHAT, "a system message without KVD_SQE_CHAT", -EINVAL },
+	{ SB_SYSTEM_PAST, "a system message running off the arena", -EFAULT },
+	{ SB_SYSTEM_OFF_ONLY, "system_off without system_len", -EINVAL },
+	{ SB_PROGRESS_RESET, "KVD_SQE_PROGRESS on a RESET", -EINVAL },
 };
+
+/* q's prompt as the text "Hello" (valid as it stands), flags added to KVD_SQE_TEXT. */
+static void text_hello(struct wire *r, struct kvd_sqe *q, uint16_t flags)
+{
+	memcpy(r->arena, "Hello", 5);
+	q->n_tokens = 5;
+	q->flags |= KVD_SQE_TEXT | flags;
+}
 
 static void sqe_mangle(struct wire *r, struct kvd_sqe *q, enum sqe_bad bad)
 {
@@ -646,6 +661,20 @@ static void sqe_mangle(struct wire *r, struct kvd_sqe *q, enum sqe_bad bad)
 				       .user_data = q->user_data, .target_user_data = 12345 };
 		break;
 	case SB_RESV: q->resv[6] = 1; break;
+	case SB_SPECIAL_NO_TEXT: q->flags |= KVD_SQE_SPECIAL; break;
+	case SB_PLAIN_SPECIAL: text_hello(r, q, KVD_SQE_PLAIN | KVD_SQE_SPECIAL); break;
+	case SB_SYSTEM_NO_CHAT:
+		text_hello(r, q, 0);
+		q->system_off = 64;
+		q->system_len = 4;
+		break;
+	case SB_SYSTEM_PAST:
+		text_hello(r, q, KVD_SQE_CHAT);
+		q->system_off = r->arena_bytes - 2;
+		q->system_len = 4;
+		break;
+	case SB_SYSTEM_OFF_ONLY: text_hello(r, q, KVD_SQE_CHAT); q->system_off = 64; break;
+	case SB_PROGRESS_RESET: *q = reset_sqe(r, q->user_data, 0); q->flags = KVD_SQE_PROGRESS; break;
 	}
 }
 

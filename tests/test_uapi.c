@@ -57,10 +57,11 @@ static void test_constants(void **state)
 	assert_int_equal(KVD_OP_LAST, 6);
 	/* Flags are distinct single bits. */
 	uint32_t cqe = KVD_CQE_MORE | KVD_CQE_EOS | KVD_CQE_LENGTH | KVD_CQE_CANCELLED |
-		       KVD_CQE_PREFIX_HIT;
-	assert_int_equal(__builtin_popcount(cqe), 5);
+		       KVD_CQE_PREFIX_HIT | KVD_CQE_SHUTDOWN | KVD_CQE_PROGRESS;
+	assert_int_equal(__builtin_popcount(cqe), 7);
 	assert_int_equal(KVD_SQE_FLAGS_ALL, KVD_SQE_APPEND | KVD_SQE_STREAM | KVD_SQE_IGNORE_EOS |
-						 KVD_SQE_TEXT | KVD_SQE_CHAT);
+						 KVD_SQE_TEXT | KVD_SQE_CHAT | KVD_SQE_PLAIN |
+						 KVD_SQE_SPECIAL | KVD_SQE_PROGRESS);
 	assert_int_equal(kvc_abi_version(), KVD_ABI_VERSION);
 }
 

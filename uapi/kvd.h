@@ -20,7 +20,9 @@
  *     -EMSGSIZE   a control message longer than any the daemon takes
  *     -EFAULT     an offset/length pair that does not lie inside the arena
  *     -ERANGE     a token id >= the model's vocabulary size
- *     -E2BIG      prompt plus max_tokens exceed the model's context length
+ *     -E2BIG      prompt plus max_tokens exceed the model's context length or
+ *                 the per-request limit (HELLO max_tokens); cqe.aux says
+ *                 how many positions the request needs
  *     -ENOENT     unknown session or sequence slot
  *     -EBUSY      too many requests in flight for the connection or its uid
  *     -ENOSPC     the KV-cache pool cannot hold the request
@@ -272,12 +274,42 @@ struct kvd_ring_hdr {
  * DECODE and GENERATE post one final CQE (no KVD_CQE_MORE): res = tokens
  * produced, flags EOS (an end-of-generation token was sampled; it is
  * written and counted), LENGTH (max_tokens or the context length reached)
- * or CANCELLED; with KVD_SQE_STREAM a CQE with KVD_CQE_MORE precedes it
- * for every token but the last (token = the id, n_out = tokens written so
- * far); the final CQE carries the last token the same way. The
+ * or CANCELLED (with SHUTDOWN when the daemon's drain ended it); with
+ * KVD_SQE_STREAM a CQE with KVD_CQE_MORE precedes it for every token but
+ * the last (token = the id, n_out = tokens written so far); the final CQE
+ * carries the last token the same way. The
  * last sampled token is not yet in the KV cache; a later APPEND or DECODE
  * on the slot feeds it first. An invalid SQE completes at once with res
  * -errno (see Conventions) and changes nothing.
+ *
+ * Text prompts (KVD_SQE_TEXT): n_tokens bytes of UTF-8 at tokens_off, no
+ * NUL (-EINVAL), tokenized by the daemon. Alone, a special token's
+ * spelling in it ("<|im_end|>") becomes that control token, unless
+ * KVD_SQE_PLAIN. With KVD_SQE_CHAT the text is a user turn (and
+ * system_off/system_len a system turn before it) rendered with the model's
+ * chat template: the template's own markers are always control tokens,
+ * while the messages' text is plain text unless KVD_SQE_SPECIAL, so text
+ * from an untrusted user cannot end its turn or open another. Without
+ * APPEND the prompt is the whole conversation (BOS first if the model
+ * wants one; with no system message, the template's default system prompt
+ * if it has one); with APPEND it is the next turn(s) of the slot's
+ * conversation. PLAIN or SPECIAL without TEXT, or both together, are
+ * -EINVAL; PLAIN with CHAT and SPECIAL without CHAT restate the default.
+ * A text prompt whose bytes (system message included) could not fit the
+ * per-request limit whatever they tokenize to completes -E2BIG before it
+ * is tokenized.
+ *
+ * Prefill progress (KVD_SQE_PROGRESS, PREFILL and GENERATE only, else
+ * -EINVAL): after each engine step that computed part of the prompt and
+ * left some of it to do, a CQE with KVD_CQE_MORE | KVD_CQE_PROGRESS: res =
+ * positions of the slot's sequence cached so far, aux = positions it holds
+ * once the prompt is in (the res a PREFILL completes with; without APPEND,
+ * the prompt's own length), token and n_out 0. At most one per engine
+ * step, res rising (a prompt preempted and recomputed says nothing until it
+ * passes what it said); none for a prompt that goes in in one step (or
+ * comes from the prefix cache), and none once its first token is sampled:
+ * they all precede a GENERATE's tokens. They wait in the daemon when the
+ * CQ is full and count toward back-pressure, like streamed tokens.
  *
  * Sampling: temperature_milli 0 is greedy; top_k 0, top_p_e4 0 or 10000,
  * min_p_e4 0, repeat_penalty_milli 0 or 1000 are off; repeat_last_n 0
@@ -306,16 +338,21 @@ enum kvd_op {
 #define KVD_SQE_STREAM		(1U << 1) /* post a CQE with KVD_CQE_MORE per token */
 #define KVD_SQE_IGNORE_EOS	(1U << 2) /* keep going past end-of-sequence tokens */
 #define KVD_SQE_TEXT		(1U << 3) /* the prompt is n_tokens bytes of UTF-8 text at tokens_off,
-					   * tokenized by the daemon (special tokens parsed) */
+					   * tokenized by the daemon (special tokens parsed unless
+					   * PLAIN); see "Text prompts" above */
 #define KVD_SQE_CHAT		(1U << 4) /* with TEXT: a user turn, rendered with the model's
 					   * chat template (the whole prompt, or the next turn with APPEND);
-					   * the message text is plain text unless SPECIAL is set */
+					   * the template's markers are control tokens, the message text
+					   * (and system message) plain text unless SPECIAL is set */
 #define KVD_SQE_PLAIN		(1U << 5) /* with TEXT: plain text: a special token's spelling in it
-					   * ("<|im_end|>") is ordinary text, never the control token */
+					   * ("<|im_end|>") is ordinary text, never the control token
+					   * (the default with CHAT); without TEXT or with SPECIAL: -EINVAL */
 #define KVD_SQE_SPECIAL		(1U << 6) /* with TEXT|CHAT: parse special tokens in the message text
-					   * too (for trusted text only); not with PLAIN */
-#define KVD_SQE_PROGRESS	(1U << 7) /* PREFILL/GENERATE: post KVD_CQE_PROGRESS CQEs as the prompt
-					   * is prefilled (at most one per engine step) */
+					   * too (for trusted text only; the default without CHAT);
+					   * without TEXT or with PLAIN: -EINVAL */
+#define KVD_SQE_PROGRESS	(1U << 7) /* PREFILL/GENERATE (else -EINVAL): post KVD_CQE_PROGRESS
+					   * CQEs as the prompt is prefilled (at most one per engine
+					   * step; see "Prefill progress" above) */
 #define KVD_SQE_FLAGS_ALL	((1U << 8) - 1)
 
 /* kvd_sqe.priority */
@@ -349,8 +386,11 @@ struct kvd_sqe {
 	__u32	slot;		/* sequence slot within the session */
 	__u64	target_user_data; /* CANCEL: the request to cancel; else zero */
 	__u32	system_off;	/* TEXT|CHAT: arena byte offset of a system message (UTF-8) */
-	__u32	system_len;	/* its length in bytes; 0: none. Rendered before the user turn,
-				 * plain text unless SPECIAL; nonzero without CHAT is -EINVAL */
+	__u32	system_len;	/* its length in bytes; 0: none (system_off must be 0 too).
+				 * Rendered as a system turn before the user turn, also with
+				 * APPEND (mid-conversation), plain text unless SPECIAL.
+				 * Nonzero without CHAT or on an opcode without a prompt:
+				 * -EINVAL; outside the arena: -EFAULT */
 	__u64	resv[7];	/* zero */
 };
 
@@ -360,10 +400,15 @@ struct kvd_sqe {
 #define KVD_CQE_LENGTH		(1U << 2) /* stopped at max_tokens or the context length */
 #define KVD_CQE_CANCELLED	(1U << 3) /* stopped by CANCEL or session close */
 #define KVD_CQE_PREFIX_HIT	(1U << 4) /* part of the prompt came from the prefix cache */
-#define KVD_CQE_SHUTDOWN	(1U << 5) /* with CANCELLED: the daemon is shutting down, not a CANCEL
-					   * or session close (res = tokens produced, as for a cancel) */
-#define KVD_CQE_PROGRESS	(1U << 6) /* with MORE: prefill progress, not a token: res = prompt
-					   * positions cached so far, aux = positions in all */
+#define KVD_CQE_SHUTDOWN	(1U << 5) /* with CANCELLED: the daemon is shutting down (its drain
+					   * deadline passed), not a CANCEL or session close (res =
+					   * tokens produced, as for a cancel); a request a CANCEL
+					   * had ended already gets CANCELLED alone. SQEs seen while
+					   * it drains complete -ESHUTDOWN */
+#define KVD_CQE_PROGRESS	(1U << 6) /* with MORE: prefill progress, not a token: res =
+					   * positions of the slot's sequence cached so far, aux =
+					   * positions once the prompt is in (without APPEND: prompt
+					   * positions cached, of the prompt's) */
 
 /* 32 bytes. */
 struct kvd_cqe {
@@ -373,8 +418,14 @@ struct kvd_cqe {
 	__u32	token;		/* streaming: the newest token id; else the last one */
 	__u32	n_out;		/* tokens written at out_off so far */
 	__u32	slot;		/* sequence slot, from the SQE */
-	__u32	aux;		/* PROGRESS: prompt positions in all; res -E2BIG: positions the
-				 * request needs (cached + prompt + max_tokens); else 0 */
+	__u32	aux;		/* PROGRESS: positions once the prompt is in. res -E2BIG:
+				 * positions the request needs: the slot's cached positions +
+				 * prompt tokens + max_tokens, over HELLO ctx_len; or, refused
+				 * at admission by the per-request limit (HELLO max_tokens),
+				 * prompt + max_tokens alone (what the slot holds does not
+				 * count toward it), for a text prompt too long to tokenize
+				 * a lower bound of that. aux > ctx_len: the context was
+				 * exceeded, else max_tokens. Else 0 */
 };
 
 #endif /* _UAPI_KVD_H */

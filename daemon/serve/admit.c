@@ -25,12 +25,31 @@ static int range_ok(uint32_t arena_bytes, uint32_t off, uint64_t bytes, uint32_t
 int validate_sqe_op(const struct kvd_sqe *q)
 {
 	static const __u64 resv_zero[sizeof(q->resv) / sizeof(q->resv[0])];
-	/* PLAIN, SPECIAL, PROGRESS and system messages are in the ABI but not served yet. */
-	const uint32_t served = KVD_SQE_FLAGS_ALL & ~(KVD_SQE_PLAIN | KVD_SQE_SPECIAL | KVD_SQE_PROGRESS);
-	if (q->opcode >= KVD_OP_LAST || (q->flags & ~served) || q->system_off || q->system_len ||
+	if (q->opcode >= KVD_OP_LAST || (q->flags & ~KVD_SQE_FLAGS_ALL) ||
 	    q->priority > KVD_PRIO_BACKGROUND || memcmp(q->resv, resv_zero, sizeof(q->resv)))
 		return -EINVAL;
 	return 0;
+}
+
+/*
+ * How a prompt is read: PLAIN and SPECIAL only with TEXT and not together,
+ * PROGRESS and a system message only with a prompt, the system message only
+ * with CHAT and inside the arena. 0, -EINVAL or -EFAULT.
+ */
+static int validate_text(const struct kvd_sqe *q, uint32_t arena_bytes, int has_prompt)
+{
+	uint32_t f = q->flags;
+	if ((f & (KVD_SQE_PLAIN | KVD_SQE_SPECIAL)) && !(f & KVD_SQE_TEXT))
+		return -EINVAL;
+	if ((f & KVD_SQE_PLAIN) && (f & KVD_SQE_SPECIAL))
+		return -EINVAL;
+	if ((f & KVD_SQE_PROGRESS) && !has_prompt)
+		return -EINVAL;
+	if (!q->system_len)
+		return q->system_off ? -EINVAL : 0;
+	if (!has_prompt || !(f & KVD_SQE_CHAT))
+		return -EINVAL;
+	return range_ok(arena_bytes, q->system_off, q->system_len, 1) ? 0 : -EFAULT;
 }
 
 int validate_sqe(const struct kvd_sqe *q, uint32_t arena_bytes)
@@ -44,6 +63,9 @@ int validate_sqe(const struct kvd_sqe *q, uint32_t arena_bytes)
 		return -EINVAL;
 	if ((q->flags & KVD_SQE_CHAT) && !text)
 		return -EINVAL;
+	int rc = validate_text(q, arena_bytes, has_prompt);
+	if (rc)
+		return rc;
 	if (q->top_p_e4 > 10000 || q->min_p_e4 > 10000)
 		return -EINVAL;
 	if (has_prompt && q->n_tokens == 0)
@@ -56,54 +78,69 @@ int validate_sqe(const struct kvd_sqe *q, uint32_t arena_bytes)
 	return 0;
 }
 
-/* Text prompts are tokenized here, once; TEXT|CHAT wraps them in the chat template. */
-static int text_prompt(struct server *srv, struct conn *c, const struct kvd_sqe *q,
-		       uint32_t **out, uint32_t *n)
+/* len bytes of text at arena offset off (checked), NUL-terminated, in *out; -EINVAL if it holds a NUL. */
+static int read_text(const struct conn *c, uint32_t off, uint32_t len, char **out)
 {
-	size_t len = q->n_tokens;
-	char *text = malloc(len + 1);
+	char *text = malloc((size_t)len + 1);
 	if (!text)
 		return -ENOMEM;
-	region_read(&c->rg, q->tokens_off, text, len);
+	region_read(&c->rg, off, text, len);
 	text[len] = 0;
 	if (memchr(text, 0, len)) {
 		free(text);
 		return -EINVAL;
 	}
-	if (q->flags & KVD_SQE_CHAT) {
-		int need;
-		if (q->flags & KVD_SQE_APPEND)
-			need = tokenizer_chat_next_turn(srv->tok, text, NULL, 0);
-		else
-			need = tokenizer_chat_format(srv->tok, &(struct chat_msg){ "user", text }, 1, 1,
-						     NULL, 0);
-		char *chat = need >= 0 ? malloc((size_t)need + 1) : NULL;
-		if (!chat) {
-			free(text);
-			return need < 0 ? need : -ENOMEM;
-		}
-		if (q->flags & KVD_SQE_APPEND)
-			tokenizer_chat_next_turn(srv->tok, text, chat, (size_t)need + 1);
-		else
-			tokenizer_chat_format(srv->tok, &(struct chat_msg){ "user", text }, 1, 1, chat,
-					      (size_t)need + 1);
-		free(text);
-		text = chat;
-		len = (size_t)need;
-	}
-	int add_bos = !(q->flags & KVD_SQE_APPEND) && tokenizer_add_bos(srv->tok);
-	int cnt = tokenizer_encode(srv->tok, text, len, add_bos, 1, NULL, 0);
-	uint32_t *ids = cnt > 0 ? malloc((size_t)cnt * sizeof(uint32_t)) : NULL;
-	if (cnt <= 0 || !ids) {
-		free(text);
-		free(ids);
-		return cnt < 0 ? cnt : cnt == 0 ? -EINVAL : -ENOMEM;
-	}
-	tokenizer_encode(srv->tok, text, len, add_bos, 1, ids, (size_t)cnt);
-	free(text);
+	*out = text;
+	return 0;
+}
+
+/*
+ * text (and the system message sys, or NULL) as token ids: TEXT alone is
+ * encoded as it is, special tokens parsed unless PLAIN; TEXT|CHAT is
+ * rendered with the chat template (the next turn with APPEND), whose
+ * markers are control tokens while the messages' text is plain unless
+ * SPECIAL.
+ */
+static int encode_text(const struct tokenizer *tok, const struct kvd_sqe *q, const char *text,
+		       const char *sys, uint32_t **out, uint32_t *n)
+{
+	const struct chat_msg m[2] = { { "system", sys }, { "user", text } };
+	const struct chat_msg *msgs = sys ? m : m + 1;
+	size_t n_msgs = sys ? 2 : 1;
+	unsigned flags = (q->flags & KVD_SQE_APPEND ? TOK_CHAT_NEXT_TURN : 0) |
+			 (q->flags & KVD_SQE_SPECIAL ? TOK_CHAT_SPECIAL : 0);
+	int chat = (q->flags & KVD_SQE_CHAT) != 0, parse = !(q->flags & KVD_SQE_PLAIN);
+	int add_bos = !(q->flags & KVD_SQE_APPEND) && tokenizer_add_bos(tok);
+	size_t len = q->n_tokens;
+	int cnt = chat ? tokenizer_chat_encode(tok, msgs, n_msgs, flags, NULL, 0)
+		       : tokenizer_encode(tok, text, len, add_bos, parse, NULL, 0);
+	if (cnt <= 0)
+		return cnt < 0 ? cnt : -EINVAL;
+	uint32_t *ids = malloc((size_t)cnt * sizeof(uint32_t));
+	if (!ids)
+		return -ENOMEM;
+	if (chat)
+		tokenizer_chat_encode(tok, msgs, n_msgs, flags, ids, (size_t)cnt);
+	else
+		tokenizer_encode(tok, text, len, add_bos, parse, ids, (size_t)cnt);
 	*out = ids;
 	*n = (uint32_t)cnt;
 	return 0;
+}
+
+/* Text prompts are tokenized here, once. */
+static int text_prompt(struct server *srv, struct conn *c, const struct kvd_sqe *q,
+		       uint32_t **out, uint32_t *n)
+{
+	char *text = NULL, *sys = NULL;
+	int rc = read_text(c, q->tokens_off, q->n_tokens, &text);
+	if (!rc && q->system_len)
+		rc = read_text(c, q->system_off, q->system_len, &sys);
+	if (!rc)
+		rc = encode_text(srv->tok, q, text, sys, out, n);
+	free(text);
+	free(sys);
+	return rc;
 }
 
 static int sampler_from_sqe(const struct kvd_sqe *q, uint32_t vocab, struct sampler **out)
@@ -128,10 +165,10 @@ static void cancel(struct conn *c, const struct kvd_sqe *q)
 			if (r->sqe.user_data == q->target_user_data && !r->cancelled) {
 				r->cancelled = 1;
 				KVD_PROBE(cancel, r->id, c->uid);
-				release_post(c, q->user_data, 0, 0, 0, 0, q->slot);
+				release_post(c, q->user_data, 0, 0, 0, 0, q->slot, 0);
 				return;
 			}
-	release_post(c, q->user_data, -ENOENT, 0, 0, 0, q->slot);
+	release_post(c, q->user_data, -ENOENT, 0, 0, 0, q->slot, 0);
 }
 
 /*
@@ -149,6 +186,7 @@ struct taken {
 	uint32_t *prompt;	/* (n_prompt,) */
 	uint32_t n_prompt;
 	struct sampler *smp;
+	uint32_t need;		/* -E2BIG: positions it needs, the CQE's aux */
 };
 
 #define ADMIT_BATCH 32	/* SQEs prepared per unlock */
@@ -186,15 +224,21 @@ static int read_prompt(struct server *srv, struct conn *c, struct taken *t)
 }
 
 /*
- * Whether text of n bytes could fit max_tokens with max_out more: every
+ * The fewest positions text of n bytes and max_out more can take: every
  * token stands for at most max_token_bytes of it, so it is at least
- * n / max_token_bytes tokens. Checked before tokenizing, which is the work
- * a hostile prompt of megabytes would otherwise cost everyone.
+ * n / max_token_bytes tokens. Checked against the limit before tokenizing,
+ * which is the work a hostile prompt of megabytes would otherwise cost
+ * everyone.
  */
-static int text_may_fit(uint64_t n, uint32_t max_out, uint32_t max_token_bytes, uint32_t max_tokens)
+static uint64_t text_min_positions(uint64_t n, uint32_t max_out, uint32_t max_token_bytes)
 {
 	uint64_t per = max_token_bytes ? max_token_bytes : 1;
-	return (n + per - 1) / per + max_out <= max_tokens;
+	return (n + per - 1) / per + max_out;
+}
+
+static uint32_t clamp_u32(uint64_t x)
+{
+	return x > UINT32_MAX ? UINT32_MAX : (uint32_t)x;
 }
 
 /* Without the lock: only the engine thread reads this ring and arena. max_tokens: the limit now. */
@@ -208,10 +252,13 @@ static void prepare(struct server *srv, struct conn *c, struct taken *t, uint32_
 	if (t->body_rc)
 		return;
 	uint32_t max_out = has_out(q) ? q->max_tokens : 0;
-	if (has_prompt(q) && (q->flags & KVD_SQE_TEXT) &&
-	    !text_may_fit(q->n_tokens, max_out, srv->max_token_bytes, max_tokens))
+	/* The system message counts: it is tokenized too. */
+	uint64_t least = text_min_positions((uint64_t)q->n_tokens + q->system_len, max_out,
+					    srv->max_token_bytes);
+	if (has_prompt(q) && (q->flags & KVD_SQE_TEXT) && least > max_tokens) {
 		t->prep_rc = -E2BIG;
-	else if (has_prompt(q))
+		t->need = clamp_u32(least);
+	} else if (has_prompt(q))
 		t->prep_rc = read_prompt(srv, c, t);
 	if (!t->prep_rc && has_out(q))
 		t->smp_rc = sampler_from_sqe(q, srv->m->hp.vocab, &t->smp);
@@ -262,8 +309,10 @@ static int admit(struct server *srv, struct conn *c, struct taken *t)
 	t->smp = NULL;
 	int rc = t->prep_rc;
 	uint32_t bt = engine_pool_block_tokens(srv->eng);
-	if (!rc && (uint64_t)r->n_prompt + r->max_out > srv->cfg.max_tokens)
+	if (!rc && (uint64_t)r->n_prompt + r->max_out > srv->cfg.max_tokens) {
 		rc = -E2BIG;
+		t->need = clamp_u32((uint64_t)r->n_prompt + r->max_out);
+	}
 	/* A request its uid's quota could never hold is refused now. */
 	if (!rc && srv->cfg.kv_quota && ((uint64_t)r->n_prompt + r->max_out) / bt + 1 > srv->cfg.kv_quota)
 		rc = -EDQUOT;
@@ -310,13 +359,14 @@ void admit_drain_sq(struct server *srv, struct conn *c)
 			const struct kvd_sqe *q = &batch[i].q;
 			int rc = admit(srv, c, &batch[i]);
 			if (rc < 0)
-				release_post(c, q->user_data, rc, 0, 0, 0, q->slot);
+				release_post(c, q->user_data, rc, 0, 0, 0, q->slot,
+					     rc == -E2BIG ? batch[i].need : 0);
 			else if (rc > 0 && q->opcode == KVD_OP_NOP)
-				release_post(c, q->user_data, 0, 0, 0, 0, q->slot);
+				release_post(c, q->user_data, 0, 0, 0, 0, q->slot, 0);
 			taken_free(&batch[i]);
 		}
 		/* A tail no producer could have written: said once, the ring skipped to it. */
 		if (bad_tail)
-			release_post(c, 0, -EINVAL, 0, 0, 0, 0);
+			release_post(c, 0, -EINVAL, 0, 0, 0, 0, 0);
 	}
 }

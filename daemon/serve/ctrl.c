@@ -140,7 +140,7 @@ static void do_hello(struct server *srv, struct conn *c, const struct kvd_hello_
 	const struct model_hparams *hp = &srv->m->hp;
 	r.hdr = (struct kvd_msg_hdr){ .magic = KVD_MAGIC, .type = KVD_MSG_HELLO, .seq = rq->hdr.seq };
 	r.abi_version = KVD_ABI_VERSION;
-	r.features = rq->features & KVD_FEAT_ALL & ~(KVD_FEAT_PLAIN_TEXT | KVD_FEAT_SYSTEM | KVD_FEAT_PROGRESS); /* not served yet */
+	r.features = rq->features & KVD_FEAT_ALL;
 	r.vocab_size = hp->vocab;
 	r.ctx_len = hp->ctx_len;
 	r.bos_id = tokenizer_bos(srv->tok);

@@ -35,10 +35,10 @@ void session_free(struct session *s)
 }
 
 void release_post(struct conn *c, uint64_t user_data, int32_t res, uint32_t flags, uint32_t token,
-		  uint32_t n_out, uint32_t slot)
+		  uint32_t n_out, uint32_t slot, uint32_t aux)
 {
 	struct kvd_cqe cqe = { .user_data = user_data, .res = res, .flags = flags,
-			       .token = token, .n_out = n_out, .slot = slot };
+			       .token = token, .n_out = n_out, .slot = slot, .aux = aux };
 	region_post(&c->rg, &cqe);
 }
 
@@ -80,21 +80,23 @@ void release_request(struct server *srv, struct request *r, int32_t res, uint32_
 	if (!sl->head)
 		sl->tail = NULL;
 	KVD_PROBE(finish, r->id, r->c->uid, res, flags, r->n_out);
-	release_post(r->c, r->sqe.user_data, res, flags, r->last, r->n_out, r->sqe.slot);
+	release_post(r->c, r->sqe.user_data, res, flags, r->last, r->n_out, r->sqe.slot, r->aux);
 	r->c->inflight--;
 	r->c->use->inflight--;
 	srv->n_requests++;
 	release_req_free(r);
 }
 
-void release_session(struct server *srv, struct conn *c, struct session *s, int notify)
+void release_session(struct server *srv, struct conn *c, struct session *s, uint32_t cancel_flags)
 {
 	for (uint32_t i = 0; i < s->n_slots; i++) {
 		struct slot *sl = &s->slots[i];
 		while (sl->head) {
 			struct request *r = sl->head;
-			if (notify) {
-				release_request(srv, r, (int32_t)r->n_out, KVD_CQE_CANCELLED);
+			if (cancel_flags) {
+				/* The client's own CANCEL came first: that is what ended it. */
+				release_request(srv, r, (int32_t)r->n_out,
+						r->cancelled ? KVD_CQE_CANCELLED : cancel_flags);
 			} else {
 				KVD_PROBE(drop, r->id, c->uid);
 				sl->head = r->next;
@@ -116,7 +118,7 @@ void release_closed_sessions(struct server *srv, struct conn *c)
 		struct session *s = c->sessions[i];
 		if (!s || !s->closing)
 			continue;
-		release_session(srv, c, s, 1);
+		release_session(srv, c, s, KVD_CQE_CANCELLED);
 		c->sessions[i] = NULL;
 		c->n_sessions--;
 		c->use->sessions--;

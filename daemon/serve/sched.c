@@ -63,12 +63,34 @@ static int emit_token(struct server *srv, struct request *r, uint32_t tok)
 	int eos = tokenizer_is_eog(srv->tok, tok) && !(r->sqe.flags & KVD_SQE_IGNORE_EOS);
 	int full = r->n_out >= r->max_out || engine_seq_len(&sl->seq) + 1 >= srv->m->hp.ctx_len;
 	if (r->sqe.flags & KVD_SQE_STREAM && !eos && !full)
-		release_post(r->c, r->sqe.user_data, (int32_t)r->n_out, KVD_CQE_MORE, tok, r->n_out, r->sqe.slot);
+		release_post(r->c, r->sqe.user_data, (int32_t)r->n_out, KVD_CQE_MORE, tok, r->n_out, r->sqe.slot, 0);
 	if (eos || full) {
 		release_request(srv, r, (int32_t)r->n_out, eos ? KVD_CQE_EOS : KVD_CQE_LENGTH);
 		return 1;
 	}
 	return 0;
+}
+
+/* r cannot fit the context: its final CQE says how many positions it would need. */
+static void too_big(struct server *srv, struct request *r, uint64_t need)
+{
+	r->aux = need > UINT32_MAX ? UINT32_MAX : (uint32_t)need;
+	release_request(srv, r, -E2BIG, 0);
+}
+
+/*
+ * A prompt part-way in after a step: how far, if its client asked. Only
+ * while the prompt goes in the first time (no token yet) and only forward
+ * (a preempted prompt recomputes what it had).
+ */
+static void post_progress(struct request *r)
+{
+	uint32_t done = engine_seq_len(&r->sl->seq);
+	if (!(r->sqe.flags & KVD_SQE_PROGRESS) || r->n_out || done <= r->progress)
+		return;
+	r->progress = done;
+	release_post(r->c, r->sqe.user_data, (int32_t)done, KVD_CQE_MORE | KVD_CQE_PROGRESS, 0, 0,
+		     r->sqe.slot, r->total);
 }
 
 static int emit(struct server *srv, struct request *r, float *logits)
@@ -94,7 +116,7 @@ static int start(struct server *srv, struct request *r)
 		}
 		/* Its pending token goes in at position len: past the context, this request alone fails. */
 		if (sl->has_pending && engine_seq_len(&sl->seq) >= srv->m->hp.ctx_len) {
-			release_request(srv, r, -E2BIG, 0);
+			too_big(srv, r, (uint64_t)engine_seq_len(&sl->seq) + 1 + r->max_out);
 			return 1;
 		}
 		if (!sl->n_resume) {
@@ -134,10 +156,12 @@ static int start(struct server *srv, struct request *r)
 		sl->has_pending = 0;
 	}
 	sl->has_logits = 0;
-	if ((uint64_t)engine_seq_len(&sl->seq) + r->n_prompt + r->max_out > srv->m->hp.ctx_len) {
-		release_request(srv, r, -E2BIG, 0);
+	uint64_t need = (uint64_t)engine_seq_len(&sl->seq) + r->n_prompt + r->max_out;
+	if (need > srv->m->hp.ctx_len) {
+		too_big(srv, r, need);
 		return 1;
 	}
+	r->total = engine_seq_len(&sl->seq) + r->n_prompt;	/* <= ctx_len: no overflow */
 	if (engine_seq_len(&sl->seq) == 0 && !srv->cfg.no_prefix_cache) {
 		int hit = engine_seq_attach_prefix(srv->eng, &sl->seq, r->prompt, r->n_prompt);
 		r->n_fed = hit > 0 ? (uint32_t)hit : 0;
@@ -388,7 +412,7 @@ static uint32_t add_decode(struct sched *sc, struct batch *b, struct cand *cd)
 	struct request *r = cd->r;
 	/* A row past the context would fail the whole step: this request alone ends. */
 	if (engine_seq_len(&cd->sl->seq) >= srv->m->hp.ctx_len) {
-		release_request(srv, r, -E2BIG, 0);
+		too_big(srv, r, (uint64_t)engine_seq_len(&cd->sl->seq) + 1 + (r->max_out - r->n_out));
 		return 0;
 	}
 	int rc = reserve(srv, r, 1);
@@ -530,8 +554,10 @@ static void finish_step(struct sched *sc, const struct batch *b, int rc)
 			release_request(srv, r, rc, 0);
 			continue;
 		}
-		if (row < 0)
-			continue;	/* a prefill chunk that did not finish its prompt */
+		if (row < 0) {
+			post_progress(r);	/* a prefill chunk that did not finish its prompt */
+			continue;
+		}
 		struct slot *sl = r->sl;
 		float *lg = sc->logits + (size_t)row * vocab;
 		if (r->phase == REQ_DECODE) {

@@ -178,14 +178,19 @@ void ctrl_reply_error(struct conn *c, const struct kvd_msg_hdr *req, int type, i
 void release_enqueue(struct request *r);
 /* Post a completion to c. */
 void release_post(struct conn *c, uint64_t user_data, int32_t res, uint32_t flags, uint32_t token,
-		  uint32_t n_out, uint32_t slot);
-/* Pop r (the head of its slot), post its final completion, free it. */
+		  uint32_t n_out, uint32_t slot, uint32_t aux);
+/* Pop r (the head of its slot), post its final completion (aux: r->aux), free it. */
 void release_request(struct server *srv, struct request *r, int32_t res, uint32_t flags);
 void release_req_free(struct request *r);
 /* Give back a slot's sequence and forget where decoding stood. */
 void release_slot_reset(struct server *srv, struct slot *sl);
-/* Cancel every request of a session and give back its sequences; notify: post completions. */
-void release_session(struct server *srv, struct conn *c, struct session *s, int notify);
+/*
+ * Cancel every request of a session and give back its sequences. Their
+ * final completions get cancel_flags (KVD_CQE_CANCELLED, with
+ * KVD_CQE_SHUTDOWN for the drain; a request a CANCEL ended gets
+ * KVD_CQE_CANCELLED alone); cancel_flags 0: none are posted.
+ */
+void release_session(struct server *srv, struct conn *c, struct session *s, uint32_t cancel_flags);
 /* At a step boundary: release c's sessions marked closing (completions posted) and free them. */
 void release_closed_sessions(struct server *srv, struct conn *c);
 /* Release a dead connection's sessions and tell the loop thread to free it. */

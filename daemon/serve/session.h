@@ -33,6 +33,9 @@ struct request {
 	uint32_t n_out;			/* tokens produced */
 	uint32_t last;			/* the newest of them */
 	uint32_t max_out;
+	uint32_t total;			/* positions of the sequence once the prompt is in */
+	uint32_t progress;		/* res of the last KVD_CQE_PROGRESS posted */
+	uint32_t aux;			/* the final CQE's aux: for -E2BIG, positions needed */
 	struct sampler *smp;
 	int cancelled;
 	int want_row;			/* index of its logits row in this step, or -1 */

@@ -56,12 +56,13 @@ static void set_need_wakeup(struct server *srv, int on)
 		region_need_kick(&c->rg, on);
 }
 
+/* The drain's end: what still runs is cancelled, marked so its client knows it did not ask. */
 static void cancel_everything(struct server *srv)
 {
 	for (struct conn *c = srv->conns; c; c = c->next)
 		for (uint32_t i = 0; !c->dead && i < SRV_MAX_SESSIONS; i++)
 			if (c->sessions[i])
-				release_session(srv, c, c->sessions[i], 1);
+				release_session(srv, c, c->sessions[i], KVD_CQE_CANCELLED | KVD_CQE_SHUTDOWN);
 }
 
 static void wake_clients(struct server *srv)

@@ -77,10 +77,15 @@ int tok_chat_init(struct tokenizer *t, const struct gguf_file *f)
 	return 0;
 }
 
-/* Output that counts every byte and stores what fits below cap - 1. */
+/*
+ * Output that counts every byte and stores what fits below cap - 1; with
+ * spans, where each message's text landed (in the order put).
+ */
 struct sbuf {
 	char *p;
 	size_t cap, n;
+	struct tok_span *spans;
+	size_t n_spans;
 };
 
 static void put(struct sbuf *b, const char *s, size_t n)
@@ -98,6 +103,14 @@ static void puts_(struct sbuf *b, const char *s)
 	put(b, s, strlen(s));
 }
 
+/* A message's own text, as opposed to the template's: its span is recorded. */
+static void put_msg(struct sbuf *b, const char *s, size_t n)
+{
+	if (b->spans)
+		b->spans[b->n_spans++] = (struct tok_span){ b->n, n };
+	put(b, s, n);
+}
+
 static int is_space(char c)
 {
 	return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
@@ -111,14 +124,15 @@ static void put_trimmed(struct sbuf *b, const char *s)
 		s++, n--;
 	while (n && is_space(s[n - 1]))
 		n--;
-	put(b, s, n);
+	put_msg(b, s, n);
 }
 
+/* next: a later turn, which gets no default system prompt. */
 static void render_chatml(const struct tokenizer *t, const struct chat_msg *m, size_t n,
-			  int add_assistant, struct sbuf *b)
+			  int add_assistant, int next, struct sbuf *b)
 {
 	for (size_t i = 0; i < n; i++) {
-		if (i == 0 && t->chat_system && strcmp(m[0].role, "system") != 0) {
+		if (i == 0 && !next && t->chat_system && strcmp(m[0].role, "system") != 0) {
 			puts_(b, "<|im_start|>system\n");
 			put(b, t->chat_system, t->chat_system_len);
 			puts_(b, "<|im_end|>\n");
@@ -126,13 +140,12 @@ static void render_chatml(const struct tokenizer *t, const struct chat_msg *m, s
 		puts_(b, "<|im_start|>");
 		puts_(b, m[i].role);
 		puts_(b, "\n");
-		puts_(b, m[i].content);
+		put_msg(b, m[i].content, strlen(m[i].content));
 		puts_(b, "<|im_end|>\n");
 	}
 	if (add_assistant)
 		puts_(b, "<|im_start|>assistant\n");
 }
-
 /* BOS comes from the tokenizer (add_bos), so the text does not repeat it. */
 static void render_llama3(const struct chat_msg *m, size_t n, int add_assistant, struct sbuf *b)
 {
@@ -177,58 +190,85 @@ static void render_llama2(const struct chat_msg *m, size_t n, struct sbuf *b)
 	}
 }
 
-int tokenizer_chat_format(const struct tokenizer *t, const struct chat_msg *msgs,
-			  size_t n, int add_assistant, char *out, size_t cap)
+/*
+ * msgs in the model's template into b: a whole conversation, or with next
+ * the turns that continue one whose last answer ended with its end-of-turn
+ * token (no default system prompt then). 0, -EINVAL or -ENOTSUP.
+ */
+static int render(const struct tokenizer *t, const struct chat_msg *msgs, size_t n,
+		  int add_assistant, int next, struct sbuf *b)
 {
-	struct sbuf b = { out, out ? cap : 0, 0 };
-
 	for (size_t i = 0; i < n; i++)
 		if (!msgs[i].role || !msgs[i].content)
 			return -EINVAL;
 	switch (t->chat) {
 	case CHAT_CHATML:
-		render_chatml(t, msgs, n, add_assistant, &b);
+		if (next)
+			puts_(b, "\n");
+		render_chatml(t, msgs, n, add_assistant, next, b);
 		break;
 	case CHAT_LLAMA3:
-		render_llama3(msgs, n, add_assistant, &b);
+		render_llama3(msgs, n, add_assistant, b);
 		break;
 	case CHAT_LLAMA2:
-		render_llama2(msgs, n, &b);
+		if (next)
+			puts_(b, "<s>");
+		render_llama2(msgs, n, b);
 		break;
 	default:
 		return -ENOTSUP;
 	}
+	return 0;
+}
+
+static int render_out(const struct tokenizer *t, const struct chat_msg *msgs, size_t n,
+		      int add_assistant, int next, char *out, size_t cap)
+{
+	struct sbuf b = { out, out ? cap : 0, 0, NULL, 0 };
+	int ret = render(t, msgs, n, add_assistant, next, &b);
+
+	if (ret)
+		return ret;
 	if (b.cap)
 		b.p[b.n < b.cap ? b.n : b.cap - 1] = 0;
 	return b.n > INT_MAX ? -EOVERFLOW : (int)b.n;
 }
 
+int tokenizer_chat_format(const struct tokenizer *t, const struct chat_msg *msgs,
+			  size_t n, int add_assistant, char *out, size_t cap)
+{
+	return render_out(t, msgs, n, add_assistant, 0, out, cap);
+}
+
 int tokenizer_chat_next_turn(const struct tokenizer *t, const char *content, char *out, size_t cap)
 {
-	struct sbuf b = { out, out ? cap : 0, 0 };
-
 	if (!content)
 		return -EINVAL;
-	switch (t->chat) {
-	case CHAT_CHATML:
-		puts_(&b, "\n<|im_start|>user\n");
-		puts_(&b, content);
-		puts_(&b, "<|im_end|>\n<|im_start|>assistant\n");
-		break;
-	case CHAT_LLAMA3:
-		puts_(&b, "<|start_header_id|>user<|end_header_id|>\n\n");
-		put_trimmed(&b, content);
-		puts_(&b, "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
-		break;
-	case CHAT_LLAMA2:
-		puts_(&b, "<s>[INST] ");
-		put_trimmed(&b, content);
-		puts_(&b, " [/INST]");
-		break;
-	default:
-		return -ENOTSUP;
+	return render_out(t, &(struct chat_msg){ "user", content }, 1, 1, 1, out, cap);
+}
+
+int tokenizer_chat_encode(const struct tokenizer *t, const struct chat_msg *msgs, size_t n,
+			  unsigned flags, uint32_t *out, size_t cap)
+{
+	int next = (flags & TOK_CHAT_NEXT_TURN) != 0;
+	int need = render_out(t, msgs, n, 1, next, NULL, 0);
+	struct sbuf b = { NULL, 0, 0, NULL, 0 };
+	int ret = -ENOMEM;
+
+	if (need < 0)
+		return need;
+	b.cap = (size_t)need + 1;
+	b.p = malloc(b.cap);
+	/* Each message has one span (none for an empty one, which is harmless). */
+	b.spans = malloc((n ? n : 1) * sizeof(*b.spans));
+	if (b.p && b.spans && !(ret = render(t, msgs, n, 1, next, &b))) {
+		int add_bos = !next && tokenizer_add_bos(t);
+		size_t n_plain = flags & TOK_CHAT_SPECIAL ? 0 : b.n_spans;
+
+		/* The template's markers are control tokens; the messages' text is plain unless asked. */
+		ret = tok_encode_masked(t, b.p, b.n, add_bos, 1, b.spans, n_plain, out, cap);
 	}
-	if (b.cap)
-		b.p[b.n < b.cap ? b.n : b.cap - 1] = 0;
-	return b.n > INT_MAX ? -EOVERFLOW : (int)b.n;
+	free(b.p);
+	free(b.spans);
+	return ret;
 }

@@ -337,9 +337,25 @@ static int frags_push(struct frags *fr, size_t off, size_t len, uint32_t id)
 	return 0;
 }
 
-/* Cut every occurrence of special token id out of the raw fragments of in, into out. */
+/* Whether a special token's match at [at, at + n) may become the token: not inside plain text. */
+static int match_ok(const struct tok_entry *e, size_t at, size_t n, const struct tok_span *plain,
+		    size_t n_plain)
+{
+	if (e->type == TOKT_USER)
+		return 1;
+	for (size_t i = 0; i < n_plain; i++)
+		if (at < plain[i].off + plain[i].len && plain[i].off < at + n)
+			return 0;
+	return 1;
+}
+
+/*
+ * Cut every occurrence of special token id out of the raw fragments of in,
+ * into out, but for matches overlapping plain: those stay raw text.
+ */
 static int split_one(const struct tokenizer *t, const char *text, uint32_t id,
-		     const struct frags *in, struct frags *out)
+		     const struct tok_span *plain, size_t n_plain, const struct frags *in,
+		     struct frags *out)
 {
 	const struct tok_entry *e = &t->vocab[id];
 	int ret = 0;
@@ -347,16 +363,20 @@ static int split_one(const struct tokenizer *t, const char *text, uint32_t id,
 	out->n = 0;
 	for (size_t i = 0; i < in->n && !ret; i++) {
 		struct frag g = in->v[i];
+		size_t from = g.off, end = g.off + g.len;
 		const char *p;
 
-		while (g.id == TOK_NONE && g.len >= e->len &&
-		       (p = memmem(text + g.off, g.len, e->text, e->len))) {
-			size_t at = (size_t)(p - text), end = g.off + g.len;
+		while (g.id == TOK_NONE && end - from >= e->len &&
+		       (p = memmem(text + from, end - from, e->text, e->len))) {
+			size_t at = (size_t)(p - text);
 
+			from = at + 1;
+			if (!match_ok(e, at, e->len, plain, n_plain))
+				continue;
 			if (at > g.off)
 				ret |= frags_push(out, g.off, at - g.off, TOK_NONE);
 			ret |= frags_push(out, at, e->len, id);
-			g.off = at + e->len;
+			g.off = from = at + e->len;
 			g.len = end - g.off;
 		}
 		if (g.len || g.id != TOK_NONE)
@@ -370,10 +390,12 @@ static int split_one(const struct tokenizer *t, const char *text, uint32_t id,
  * longest first, is cut out of every raw fragment left by the longer ones
  * (not leftmost-longest: of two overlapping matches the longer token wins).
  * User-defined tokens are always matched; control and unknown ones only
- * with parse_special. On return *fr holds the fragments in text order.
+ * with parse_special, and never inside the plain spans. On return *fr
+ * holds the fragments in text order.
  */
 static int split_special(const struct tokenizer *t, const char *text, size_t len,
-			 int parse_special, struct frags *fr)
+			 int parse_special, const struct tok_span *plain, size_t n_plain,
+			 struct frags *fr)
 {
 	struct frags spare = { 0 };
 	uint8_t present[256] = { 0 };
@@ -394,7 +416,7 @@ static int split_special(const struct tokenizer *t, const char *text, size_t len
 		if (!present[(uint8_t)e->text[0]] || e->len > len ||
 		    !memmem(text, len, e->text, e->len))
 			continue;
-		ret = split_one(t, text, t->special[s], fr, &spare);
+		ret = split_one(t, text, t->special[s], plain, n_plain, fr, &spare);
 		tmp = *fr;
 		*fr = spare;
 		spare = tmp;
@@ -403,8 +425,9 @@ static int split_special(const struct tokenizer *t, const char *text, size_t len
 	return ret;
 }
 
-int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len,
-		     int add_bos, int parse_special, uint32_t *out, size_t cap)
+int tok_encode_masked(const struct tokenizer *t, const char *text, size_t len, int add_bos,
+		      int parse_special, const struct tok_span *plain, size_t n_plain,
+		      uint32_t *out, size_t cap)
 {
 	struct tok_out o = { out, out ? cap : 0, 0 };
 	struct frags fr = { 0 };
@@ -415,7 +438,7 @@ int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len,
 		return -EINVAL;
 	if (add_bos && t->bos != TOK_NONE)
 		tok_out_push(&o, t->bos);
-	ret = split_special(t, text, len, parse_special, &fr);
+	ret = split_special(t, text, len, parse_special, plain, n_plain, &fr);
 	for (size_t i = 0; !ret && i < fr.n; i++) {
 		const struct frag *g = &fr.v[i];
 
@@ -437,6 +460,12 @@ int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len,
 	if (ret)
 		return ret;
 	return o.n > INT_MAX ? -EOVERFLOW : (int)o.n;
+}
+
+int tokenizer_encode(const struct tokenizer *t, const char *text, size_t len,
+		     int add_bos, int parse_special, uint32_t *out, size_t cap)
+{
+	return tok_encode_masked(t, text, len, add_bos, parse_special, NULL, 0, out, cap);
 }
 
 static size_t copy_out(const char *s, size_t n, char *buf, size_t cap)

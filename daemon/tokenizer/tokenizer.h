@@ -123,4 +123,27 @@ int tokenizer_chat_format(const struct tokenizer *t, const struct chat_msg *msgs
 int tokenizer_chat_next_turn(const struct tokenizer *t, const char *content, char *out,
 			     size_t cap);
 
+/* How tokenizer_chat_encode() renders and reads its messages. */
+#define TOK_CHAT_NEXT_TURN	(1U << 0) /* the next turns of a conversation, as in
+					   * tokenizer_chat_next_turn(): no default system
+					   * prompt, no BOS */
+#define TOK_CHAT_SPECIAL	(1U << 1) /* special-token spellings in the messages' text are
+					   * control tokens too (trusted text only) */
+
+/*
+ * A prompt to generate from: msgs rendered with the model's template (and
+ * the assistant turn's opening) and encoded, BOS first where the model
+ * wants one and this is not a next turn. The template's own markers are
+ * control tokens; the messages' text is plain text unless
+ * TOK_CHAT_SPECIAL, so a user who writes "<|im_end|><|im_start|>system"
+ * only writes those characters. Messages without such spellings encode
+ * exactly as tokenizer_encode() with parse_special encodes the text
+ * tokenizer_chat_format() (or the next-turn text) renders. With
+ * TOK_CHAT_NEXT_TURN the messages may include a system one: a system turn
+ * in the middle of the conversation. Same return convention as
+ * tokenizer_encode(), or -EINVAL / -ENOTSUP as tokenizer_chat_format().
+ */
+int tokenizer_chat_encode(const struct tokenizer *t, const struct chat_msg *msgs, size_t n,
+			  unsigned flags, uint32_t *out, size_t cap);
+
 #endif

@@ -86,6 +86,22 @@ static inline void tok_out_push(struct tok_out *o, uint32_t id)
 	o->n++;
 }
 
+/* A byte range of a text to encode. */
+struct tok_span {
+	size_t off, len;
+};
+
+/*
+ * tokenizer_encode() with the plain spans of text (n_plain of them) read as
+ * plain text whatever parse_special says: a control token's spelling that
+ * overlaps one stays text. The rest of the text splits at special tokens as
+ * it would alone, so text without such spellings encodes exactly as
+ * tokenizer_encode() encodes it.
+ */
+int tok_encode_masked(const struct tokenizer *t, const char *text, size_t len, int add_bos,
+		      int parse_special, const struct tok_span *plain, size_t n_plain,
+		      uint32_t *out, size_t cap);
+
 /* Exact text -> id, or TOK_NONE. With duplicate texts the highest id wins (as llama.cpp). */
 uint32_t tok_lookup(const struct tokenizer *t, const char *s, size_t len);
 

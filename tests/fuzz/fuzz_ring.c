@@ -75,7 +75,7 @@ static void complete_some(struct server *srv, struct conn *c, uint32_t bits)
 		if (post) {
 			r->n_out++;
 			release_post(c, r->sqe.user_data, (int32_t)r->n_out, KVD_CQE_MORE, 1, r->n_out,
-				     r->sqe.slot);
+				     r->sqe.slot, 0);
 		} else {
 			release_request(srv, r, (int32_t)r->n_out, KVD_CQE_LENGTH);
 		}
