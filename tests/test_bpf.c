@@ -124,6 +124,16 @@ static int teardown_daemon(void **state)
 	return 0;
 }
 
+/* The daemon of a bpf_own_daemon test, static so that a failed test's teardown still stops it. */
+static struct kvd_proc q;
+
+static int teardown_own(void **state)
+{
+	(void)state;
+	kp_cleanup(&q);
+	return 0;
+}
+
 #define SKIP_UNLESS_BPF()                                           \
 	do {                                                        \
 		if (why_skip[0]) {                                  \
@@ -366,7 +376,6 @@ static void test_unpinned_on_exit(void **state)
 	char dir[128];
 	snprintf(dir, sizeof(dir), "%s/kvd-test-exit-%d", fs.base, (int)getpid());
 	const char *on[] = { "--bpf=on", "--kv-blocks", "16", "--threads", "1", "--log-level", "info", NULL };
-	struct kvd_proc q;
 	assert_int_equal(kp_start_ex(&q, on, kp_pin_dir_env, dir), 0);
 	assert_false(dir_gone(dir));
 	kp_kill(&q, SIGKILL);
@@ -394,7 +403,6 @@ static void test_kvtop_attach(void **state)
 	char dir[128], pid[16];
 	snprintf(dir, sizeof(dir), "%s/kvd-test-attach-%d", fs.base, (int)getpid());
 	const char *off[] = { "--bpf=off", "--kv-blocks", "16", "--threads", "1", "--log-level", "info", NULL };
-	struct kvd_proc q;
 	assert_int_equal(kp_start_ex(&q, off, kp_pin_dir_env, dir), 0);
 	assert_true(dir_gone(dir));
 	snprintf(pid, sizeof(pid), "%d", (int)q.pid);
@@ -410,10 +418,10 @@ static void test_kvtop_attach(void **state)
 	}
 	char meta[160];
 	snprintf(meta, sizeof(meta), "%s/meta", dir);
-	for (int64_t end = kp_now_ms() + 20000; access(meta, F_OK) && kp_now_ms() < end;)
+	for (int64_t end = kp_now_ms() + kw_ms(60000); access(meta, F_OK) && kp_now_ms() < end;)
 		kp_sleep_ms(20);
 	assert_int_equal(access(meta, F_OK), 0);
-	kp_sleep_ms(200);	/* the meta pin is the last one: the links are in place */
+	kp_sleep_ms(kw_ms(200));	/* the meta pin is the last one: the links are in place */
 	uint32_t a[20];
 	prompt(a, 20, 5);
 	const uint32_t *prompts[] = { a };
@@ -468,7 +476,6 @@ static void test_perf_sdt(void **state)
 		skip();
 	}
 	const char *off[] = { "--bpf=off", "--kv-blocks", "16", "--threads", "1", "--log-level", "info", NULL };
-	struct kvd_proc q;
 	int rc = kp_start(&q, off);
 	if (!rc) {
 		char target[16], data[64];
@@ -484,7 +491,7 @@ static void test_perf_sdt(void **state)
 			       (char *)NULL);
 			_exit(127);
 		}
-		kp_sleep_ms(1500);	/* perf attaches */
+		kp_sleep_ms(kw_ms(1500));	/* perf attaches */
 		uint32_t a[8];
 		prompt(a, 8, 9);
 		const uint32_t *prompts[] = { a };
@@ -512,9 +519,9 @@ int main(void)
 		cmocka_unit_test(test_kvtop_agrees),
 	};
 	const struct CMUnitTest alone[] = {
-		cmocka_unit_test(test_unpinned_on_exit),
-		cmocka_unit_test(test_kvtop_attach),
-		cmocka_unit_test(test_perf_sdt),
+		cmocka_unit_test_teardown(test_unpinned_on_exit, teardown_own),
+		cmocka_unit_test_teardown(test_kvtop_attach, teardown_own),
+		cmocka_unit_test_teardown(test_perf_sdt, teardown_own),
 	};
 	can_bpf();	/* first: it may unshare the mount namespace, which moves only the calling thread */
 	int failed = cmocka_run_group_tests_name("bpf_shared_daemon", tests, setup_daemon, teardown_daemon);
