@@ -30,8 +30,13 @@ VALGRIND_BINS := $(patsubst %,$(B)/tests/test_%,kvpool gguf tokenizer paged) $(F
 # installs into a scratch DESTDIR.
 TEST_SCRIPTS := $(if $(filter 1,$(SANITIZE)),,$(wildcard tests/test_*.sh))
 
+# The plain pass also links the libFuzzer targets (tests/fuzz/fuzz.mk), so
+# that `make fuzz` cannot rot unnoticed.
 .PHONY: test-suites
 test-suites: all $(TEST_BINS) $(FUZZ_REPLAY)
+ifneq ($(SANITIZE),1)
+	@$(MAKE) --no-print-directory fuzz-build-if-able
+endif
 	@sh tests/run.sh $(TEST_BINS) $(TEST_SCRIPTS)
 	@sh tests/fuzz/replay.sh $(FUZZ_REPLAY)
 
