@@ -48,6 +48,7 @@ fuzz: $(FUZZ_BINS)
 	@sh tests/fuzz/run.sh $(FUZZ_SECONDS) $(FUZZ_BINS)
 
 fuzz-build: $(FUZZ_BINS)
+	@:
 
 # `make test` links the libFuzzer builds too, so that they cannot rot; where
 # $(FUZZ_CC) has no libFuzzer (make deps installs clang's), it says so and
