@@ -49,5 +49,8 @@ endif
 	@sh tests/valgrind.sh $(VALGRIND_BINS)
 endif
 
+# `make bench QUICK=1`: every part with fewer runs and smaller sizes, in a few
+# minutes; its results (build/bench/results-quick.txt) say they are quick.
+QUICK ?= 0
 bench: all $(BENCH_BINS)
-	@sh tests/bench.sh $(BENCH_BINS)
+	@KVD_BENCH_QUICK=$(QUICK) sh tests/bench.sh $(BENCH_BINS)
