@@ -22,6 +22,8 @@
 #define RUNS 3
 #define PROMPT 128
 #define STEPS 64
+
+static uint32_t steps = STEPS;	/* STEPS, or a quarter in quick mode */
 #define MAX_N 64
 
 static clockid_t clock_id = CLOCK_MONOTONIC;
@@ -56,7 +58,7 @@ static double run_batch(struct engine *e, struct engine_seq *seq, uint32_t n, ui
 		tok[s] = argmax(logits, vocab);
 	}
 	double t0 = clock_s();
-	for (uint32_t step = 0; step < STEPS; step++) {
+	for (uint32_t step = 0; step < steps; step++) {
 		for (uint32_t s = 0; s < n; s++)
 			rows[s] = (struct engine_row){ &seq[s], PROMPT + step, tok[s], 1 };
 		if (engine_forward(e, rows, n, logits))
@@ -67,12 +69,14 @@ static double run_batch(struct engine *e, struct engine_seq *seq, uint32_t n, ui
 	double t1 = clock_s();
 	for (uint32_t s = 0; s < n; s++)
 		engine_seq_release(e, &seq[s]);
-	return n * STEPS / (t1 - t0);
+	return n * steps / (t1 - t0);
 }
 
 int main(int argc, char **argv)
 {
-	uint32_t sizes[8] = { 1, 4, 16, 64 }, n_sizes = 4;
+	uint32_t sizes[8] = { 1, 4, 16, 64 }, n_sizes = bench_pick(4, 3);
+	int runs = bench_pick(RUNS, 1);
+	steps = (uint32_t)bench_pick(STEPS, STEPS / 4);
 	if (argc > 1) {
 		n_sizes = 0;
 		for (int i = 1; i < argc && n_sizes < 8; i++) {
@@ -107,13 +111,13 @@ int main(int argc, char **argv)
 	struct rng seed = rng_make(777);
 	double med[8];
 	printf("engine decode throughput, %s, %u threads, %d-token contexts, %d steps, "
-	       "median of %d runs%s\n", m->hp.name, threads, PROMPT, STEPS, RUNS,
-	       clock_id == CLOCK_MONOTONIC ? "" : ", per CPU second");
+	       "median of %d runs%s%s\n", m->hp.name, threads, PROMPT, steps, runs,
+	       clock_id == CLOCK_MONOTONIC ? "" : ", per CPU second", bench_mark());
 	printf("| batch | tok/s median |     min |     max | vs batch %u |\n", sizes[0]);
 	printf("|-------|--------------|---------|---------|------------|\n");
 	for (uint32_t k = 0; k < n_sizes; k++) {
 		double v[RUNS];
-		for (int r = 0; r < RUNS; r++) {
+		for (int r = 0; r < runs; r++) {
 			v[r] = run_batch(e, seq, sizes[k], vocab, logits, rows, &seed);
 			if (v[r] < 0) {
 				fprintf(stderr, "bench_batch: engine_forward failed\n");
@@ -121,11 +125,11 @@ int main(int argc, char **argv)
 			}
 		}
 		double lo = v[0], hi = v[0];
-		for (int r = 1; r < RUNS; r++) {
+		for (int r = 1; r < runs; r++) {
 			lo = v[r] < lo ? v[r] : lo;
 			hi = v[r] > hi ? v[r] : hi;
 		}
-		med[k] = median(v, RUNS);
+		med[k] = median(v, runs);
 		printf("| %5u | %12.1f | %7.1f | %7.1f | %9.2fx |\n", sizes[k], med[k], lo, hi,
 		       med[k] / med[0]);
 	}

@@ -84,9 +84,9 @@ int main(void)
 	int stats_fd = bpf_enable_stats(BPF_STATS_RUN_TIME);
 	unsigned long long bpf_ns = 0, bpf_runs = 0, tokens_on = 0;
 	double off[ROUNDS], on[ROUNDS], ratio[ROUNDS];
-	int n_off = 0, n_on = 0;
+	int n_off = 0, n_on = 0, rounds = bench_pick(ROUNDS, 2);
 	decode_rate(p.sock);	/* warm: pages of the model in, threads up */
-	for (int i = 0; i < 2 * ROUNDS && rc == 0; i++) {
+	for (int i = 0; i < 2 * rounds && rc == 0; i++) {
 		int attached = (i % 4 == 1) || (i % 4 == 2);	/* off on, on off, ... */
 		struct kvd_bpf *b = NULL;
 		if (attached && (rc = kvd_bpf_load(&b, p.pid, dir, (gid_t)-1, err, sizeof(err)))) {
@@ -119,8 +119,9 @@ int main(void)
 	kp_bpffs_close(&fs);
 	if (rc)
 		return 1;
-	double mo = median(off, n_off), ma = median(on, n_on), mr = median(ratio, ROUNDS);
-	printf("decode throughput, one request of %d tokens, 1 compute thread, %d pairs of runs\n", N_OUT, ROUNDS);
+	double mo = median(off, n_off), ma = median(on, n_on), mr = median(ratio, rounds);
+	printf("decode throughput, one request of %d tokens, 1 compute thread, %d pairs of runs%s\n", N_OUT,
+	       rounds, bench_mark());
 	printf("%-22s %12s %12s %12s\n", "", "median tok/s", "min", "max");
 	printf("%-22s %12.2f %12.2f %12.2f\n", "bpf detached", mo, off[0], off[n_off - 1]);
 	printf("%-22s %12.2f %12.2f %12.2f\n", "bpf attached", ma, on[0], on[n_on - 1]);

@@ -133,7 +133,9 @@ int main(void)
 		p50[m] = ch[m].lat_us[100 + (N - 100) / 2];
 		p99[m] = ch[m].lat_us[100 + (N - 100) * 99 / 100];
 	}
-	printf("completion delivery, %d completions %d us apart (after 100 warm-up)\n", N, GAP_US);
+	/* A few seconds in all: quick mode runs it whole. */
+	printf("completion delivery, %d completions %d us apart (after 100 warm-up)%s\n", N, GAP_US,
+	       bench_quick() ? " [QUICK: run in full]" : "");
 	printf("| path                                   | p50 (us) | p99 (us) | p99 socket / p99 path |\n");
 	printf("|----------------------------------------|----------|----------|-----------------------|\n");
 	for (int m = 0; m < N_MODES; m++)

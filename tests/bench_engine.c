@@ -20,18 +20,21 @@
 #define DECODE 128
 #define THREADS 2
 
+static int runs;	/* RUNS, or 1 in quick mode */
+
 static void print_row(const char *name, double *v, const char *target)
 {
 	double lo = v[0], hi = v[0];
-	for (int i = 1; i < RUNS; i++) {
+	for (int i = 1; i < runs; i++) {
 		lo = v[i] < lo ? v[i] : lo;
 		hi = v[i] > hi ? v[i] : hi;
 	}
-	printf("| %-34s | %12.1f | %7.1f | %7.1f | %6s |\n", name, median(v, RUNS), lo, hi, target);
+	printf("| %-34s | %12.1f | %7.1f | %7.1f | %6s |\n", name, median(v, runs), lo, hi, target);
 }
 
 int main(void)
 {
+	runs = bench_pick(RUNS, 1);
 	struct model *m;
 	struct backend *be;
 	struct engine *e;
@@ -56,7 +59,8 @@ int main(void)
 	double pre[RUNS], dec[RUNS], tg[RUNS];
 	/* A fixed pseudo-random prompt: throughput does not depend on the text. */
 	uint32_t x = 12345;
-	for (int run = -1; run < RUNS; run++) {	/* run -1 warms caches and the pool */
+	/* Run -1 warms caches and the pool (not in quick mode: its figures are indicative anyway). */
+	for (int run = bench_pick(-1, 0); run < runs; run++) {
 		struct engine_seq s;
 		struct generate_result r;
 		for (uint32_t i = 0; i < PROMPT; i++) {
@@ -82,7 +86,7 @@ int main(void)
 			tg[run] = DECODE / ((r.prefill_ns + r.decode_ns) * 1e-9);
 		}
 	}
-	printf("engine, %s, %d threads, %d runs\n", m->hp.name, THREADS, RUNS);
+	printf("engine, %s, %d threads, %d runs%s\n", m->hp.name, THREADS, runs, bench_mark());
 	printf("| phase                              | tok/s median |     min |     max | target |\n");
 	printf("|------------------------------------|--------------|---------|---------|--------|\n");
 	print_row("prefill, 512-token prompt (pp512)", pre, ">= 350");

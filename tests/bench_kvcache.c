@@ -106,9 +106,9 @@ static int prefix_ttft(struct fixture *fx)
 	struct engine_row *rows = calloc(CHUNK, sizeof(*rows));
 	static uint32_t a[PROMPT], b[PROMPT];
 	double cold[RUNS], warm[RUNS];
-	int hit = 0;
+	int hit = 0, runs = bench_pick(RUNS, 1);
 	struct rng s = rng_make(7);
-	for (int run = -1; run < RUNS; run++) {
+	for (int run = bench_pick(-1, 0); run < runs; run++) {	/* -1 warms up, not in quick mode */
 		/* A fresh system prompt each run: a cold start really is cold. */
 		for (uint32_t i = 0; i < PROMPT; i++)
 			a[i] = rng_u32(&s) % m->hp.vocab;
@@ -125,15 +125,16 @@ static int prefix_ttft(struct fixture *fx)
 		}
 	}
 	double ratios[RUNS];
-	for (int i = 0; i < RUNS; i++)
+	for (int i = 0; i < runs; i++)
 		ratios[i] = cold[i] / warm[i];
-	printf("Time to first token, %d-token prompt, %d threads, %d runs\n", PROMPT, THREADS, RUNS);
+	printf("Time to first token, %d-token prompt, %d threads, %d runs%s\n", PROMPT, THREADS, runs,
+	       bench_mark());
 	printf("| case                        | TTFT median (ms) | ratio cold/cached | target |\n");
 	printf("|-----------------------------|------------------|-------------------|--------|\n");
 	printf("| cold                        | %16.1f |                   |        |\n",
-	       1e3 * median(cold, RUNS));
+	       1e3 * median(cold, runs));
 	printf("| first %d tokens cached     | %16.1f | %17.1f | >= 10  |\n", CACHED,
-	       1e3 * median(warm, RUNS), median(ratios, RUNS));
+	       1e3 * median(warm, runs), median(ratios, runs));
 	free(logits);
 	free(rows);
 	fixture_close_engine(fx);

@@ -4,6 +4,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include "daemon/log.h"
 #include "daemon/model/model.h"
 
@@ -11,6 +12,29 @@
 static inline double now_s(void)
 {
 	return (double)log_now_ns() * 1e-9;
+}
+
+/*
+ * Quick mode ($KVD_BENCH_QUICK=1, from `make bench QUICK=1`): every part
+ * runs, with fewer repetitions and smaller sizes, and says so in its
+ * heading; its figures are indicative, not results to compare.
+ */
+static inline int bench_quick(void)
+{
+	const char *q = getenv("KVD_BENCH_QUICK");
+	return q && *q && strcmp(q, "0");
+}
+
+/* full, or quick where bench_quick(). */
+static inline int bench_pick(int full, int quick)
+{
+	return bench_quick() ? quick : full;
+}
+
+/* What a heading appends to say the run was quick ("" otherwise). */
+static inline const char *bench_mark(void)
+{
+	return bench_quick() ? " [QUICK: fewer runs, smaller sizes; indicative only]" : "";
 }
 
 static inline int cmp_double(const void *a, const void *b)

@@ -154,6 +154,16 @@ static int teardown_daemon(void **state)
 	return 0;
 }
 
+/* The daemon of a bpf_own_daemon test, static so that a failed test's teardown still stops it. */
+static struct kvd_proc q;
+
+static int teardown_own(void **state)
+{
+	(void)state;
+	kp_cleanup(&q);
+	return 0;
+}
+
 #define SKIP_UNLESS_BPF()                                           \
 	do {                                                        \
 		if (why_skip[0]) {                                  \
@@ -396,7 +406,6 @@ static void test_unpinned_on_exit(void **state)
 	char dir[128];
 	snprintf(dir, sizeof(dir), "%s/kvd-test-exit-%d", fs.base, (int)getpid());
 	const char *on[] = { "--bpf=on", "--kv-blocks", "16", "--threads", "1", "--log-level", "info", NULL };
-	struct kvd_proc q;
 	assert_int_equal(kp_start_ex(&q, on, kp_pin_dir_env, dir), 0);
 	assert_false(dir_gone(dir));
 	kp_kill(&q, SIGKILL);
@@ -424,7 +433,6 @@ static void test_kvtop_attach(void **state)
 	char dir[128], pid[16];
 	snprintf(dir, sizeof(dir), "%s/kvd-test-attach-%d", fs.base, (int)getpid());
 	const char *off[] = { "--bpf=off", "--kv-blocks", "16", "--threads", "1", "--log-level", "info", NULL };
-	struct kvd_proc q;
 	assert_int_equal(kp_start_ex(&q, off, kp_pin_dir_env, dir), 0);
 	assert_true(dir_gone(dir));
 	snprintf(pid, sizeof(pid), "%d", (int)q.pid);
@@ -440,10 +448,10 @@ static void test_kvtop_attach(void **state)
 	}
 	char meta[160];
 	snprintf(meta, sizeof(meta), "%s/meta", dir);
-	for (int64_t end = kp_now_ms() + 20000; access(meta, F_OK) && kp_now_ms() < end;)
+	for (int64_t end = kp_now_ms() + kw_ms(60000); access(meta, F_OK) && kp_now_ms() < end;)
 		kp_sleep_ms(20);
 	assert_int_equal(access(meta, F_OK), 0);
-	kp_sleep_ms(200);	/* the meta pin is the last one: the links are in place */
+	kp_sleep_ms(kw_ms(200));	/* the meta pin is the last one: the links are in place */
 	uint32_t a[20];
 	prompt(a, 20, 5);
 	const uint32_t *prompts[] = { a };
@@ -792,7 +800,7 @@ static void test_kvtop_q(void **state)
 	int st = 0;
 	pid_t w = 0;
 	/* An hour between refreshes: only the q ends it within the bound. */
-	for (int64_t end = kp_now_ms() + 60000; (w = waitpid(top, &st, WNOHANG)) == 0 && kp_now_ms() < end;)
+	for (int64_t end = kp_now_ms() + kw_ms(60000); (w = waitpid(top, &st, WNOHANG)) == 0 && kp_now_ms() < end;)
 		kp_sleep_ms(20);
 	if (w == 0) {
 		kill(top, SIGKILL);
@@ -834,7 +842,6 @@ static void test_perf_sdt(void **state)
 		skip();
 	}
 	const char *off[] = { "--bpf=off", "--kv-blocks", "16", "--threads", "1", "--log-level", "info", NULL };
-	struct kvd_proc q;
 	int rc = kp_start(&q, off);
 	if (!rc) {
 		char target[16], data[64];
@@ -850,7 +857,7 @@ static void test_perf_sdt(void **state)
 			       (char *)NULL);
 			_exit(127);
 		}
-		kp_sleep_ms(1500);	/* perf attaches */
+		kp_sleep_ms(kw_ms(1500));	/* perf attaches */
 		uint32_t a[8];
 		prompt(a, 8, 9);
 		const uint32_t *prompts[] = { a };
@@ -880,9 +887,9 @@ int main(void)
 		cmocka_unit_test(test_kvtop_q),
 	};
 	const struct CMUnitTest alone[] = {
-		cmocka_unit_test(test_unpinned_on_exit),
-		cmocka_unit_test(test_kvtop_attach),
-		cmocka_unit_test(test_perf_sdt),
+		cmocka_unit_test_teardown(test_unpinned_on_exit, teardown_own),
+		cmocka_unit_test_teardown(test_kvtop_attach, teardown_own),
+		cmocka_unit_test_teardown(test_perf_sdt, teardown_own),
 		cmocka_unit_test(test_pin_names),
 		cmocka_unit_test_teardown(test_two_daemons, teardown_pair),
 		cmocka_unit_test_teardown(test_same_instance, teardown_pair),

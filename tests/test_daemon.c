@@ -38,7 +38,7 @@
 
 #define KV_BLOCKS	"256"		/* 4096 positions of 16: plenty, and quick to reserve */
 #define OUT_OFF		4096		/* arena byte offset of the sampled ids; prompts sit at 0 */
-#define WAIT_MS		20000		/* a CQE that takes longer than this is lost */
+#define WAIT_MS		kw_ms(60000)	/* a CQE that takes longer than this is lost (scaled) */
 
 /* Five ids well inside any vocabulary, for tests that do not care what they say. */
 static const uint32_t PROMPT[] = { 504, 3575, 282, 4649, 314 };
@@ -90,11 +90,11 @@ static void assert_serves(struct wire *r, const char *after)
 			 after, c.res, c.n_out, c.flags);
 }
 
-/* Ask STATS until pred holds or timeout_ms pass; the last reply in *st. */
+/* Ask STATS until pred holds or timeout_ms (scaled) pass; the last reply in *st. */
 static int stats_until(struct wire *r, struct kvd_stats_rep *st, int timeout_ms,
 		       int (*pred)(const struct kvd_stats_rep *, const void *), const void *arg)
 {
-	for (int64_t end = kp_now_ms() + timeout_ms;; kp_sleep_ms(20)) {
+	for (int64_t end = kp_now_ms() + kw_ms(timeout_ms);; kp_sleep_ms(20)) {
 		int rc = wire_stats(r, st);
 		if (rc)
 			return rc;
@@ -263,7 +263,7 @@ static void client_main(uint32_t idx, const uint32_t *prompt, uint32_t n, int re
 	struct kvd_cqe c;
 	char b = 1;
 	int rc = wire_open(&r, D.sock, 0, 0);
-	alarm(60);	/* a lost client must not outlive the test by long */
+	alarm(kw_s(120000));	/* a lost client must not outlive the test by long */
 	if (write(ready_fd, &b, 1) != 1 || read(go_fd, &b, 1) != 0)
 		rc = rc ? rc : -EPIPE;
 	struct kvd_sqe q = { 0 };
@@ -335,10 +335,10 @@ static void expect_all(struct expected *x)
 	fixture_close(&fx);
 }
 
-/* Read exactly len bytes within timeout_ms: 0, -ETIMEDOUT, or -EPIPE at EOF. */
+/* Read exactly len bytes within timeout_ms (scaled): 0, -ETIMEDOUT, or -EPIPE at EOF. */
 static int read_full(int fd, void *buf, size_t len, int timeout_ms)
 {
-	int64_t end = kp_now_ms() + timeout_ms;
+	int64_t end = kp_now_ms() + kw_ms(timeout_ms);
 	for (size_t got = 0; got < len;) {
 		struct pollfd p = { fd, POLLIN, 0 };
 		int64_t left = end - kp_now_ms();
@@ -495,7 +495,7 @@ static void test_cancel_mid_generation(void **state)
 	assert_int_equal(wire_wait(&r, &c, WAIT_MS), 0);
 	assert_int_equal(c.user_data, 102);
 	assert_int_equal(c.res, 0);
-	if (stats_until(&r, &st, 2000, used_is, &st0.kv_blocks_used))
+	if (stats_until(&r, &st, 30000, used_is, &st0.kv_blocks_used))
 		fail_msg("kv_blocks_used %llu (cached %llu), was %llu before the cancelled GENERATE",
 			 (unsigned long long)st.kv_blocks_used, (unsigned long long)st.kv_blocks_cached,
 			 (unsigned long long)st0.kv_blocks_used);
@@ -517,7 +517,7 @@ static void test_killed_client_is_reclaimed(void **state)
 	assert_int_equal(wire_hello(&s, 0), 0);
 	assert_int_equal(wire_open(&b, D.sock, 0, 0), 0);
 	uint32_t two = 2;
-	assert_int_equal(stats_until(&s, &st0, 2000, conns_are, &two), 0);
+	assert_int_equal(stats_until(&s, &st0, 30000, conns_are, &two), 0);
 	int fd0 = kp_fds(D.pid);
 	assert_true(fd0 > 0);
 
@@ -528,7 +528,7 @@ static void test_killed_client_is_reclaimed(void **state)
 	if (kid == 0) {
 		struct wire k;
 		char one = 1;
-		alarm(60);
+		alarm(kw_s(120000));
 		close(sig[0]);
 		if (wire_open(&k, D.sock, 0, 0))
 			_exit(1);
@@ -561,12 +561,12 @@ static void test_killed_client_is_reclaimed(void **state)
 	assert_int_equal(c.res, 0);
 
 	/* The dead client's connection, blocks and fds all go back. */
-	if (stats_until(&s, &st, 3000, used_is, &st0.kv_blocks_used))
+	if (stats_until(&s, &st, 30000, used_is, &st0.kv_blocks_used))
 		fail_msg("kv_blocks_used %llu, was %llu before the client was killed",
 			 (unsigned long long)st.kv_blocks_used, (unsigned long long)st0.kv_blocks_used);
-	assert_int_equal(stats_until(&s, &st, 3000, conns_are, &two), 0);
+	assert_int_equal(stats_until(&s, &st, 30000, conns_are, &two), 0);
 	int fds = kp_fds(D.pid);
-	for (int64_t end = kp_now_ms() + 3000; fds != fd0 && kp_now_ms() < end; kp_sleep_ms(20))
+	for (int64_t end = kp_now_ms() + kw_ms(30000); fds != fd0 && kp_now_ms() < end; kp_sleep_ms(20))
 		fds = kp_fds(D.pid);
 	if (fds != fd0)
 		fail_msg("kvd holds %d fds, %d before the client was killed", fds, fd0);
@@ -719,7 +719,7 @@ static void test_malformed_sqes(void **state)
 	if (c.user_data != 0 || c.res != -EINVAL)
 		fail_msg("SQ tail jump: CQE user_data %llu res %d, want 0 and -EINVAL",
 			 (unsigned long long)c.user_data, c.res);
-	for (int64_t end = kp_now_ms() + 2000; kvring_load_head(r.sq) != r.sq_tail && kp_now_ms() < end;)
+	for (int64_t end = kp_now_ms() + kw_ms(10000); kvring_load_head(r.sq) != r.sq_tail && kp_now_ms() < end;)
 		kp_sleep_ms(5);
 	assert_int_equal(kvring_load_head(r.sq), r.sq_tail);
 	assert_serves(&r, "an SQ tail jump");
@@ -832,7 +832,7 @@ static void test_malformed_control_messages(void **state)
 		assert_int_equal(wire_connect(&r, D.sock), 0);
 		size_t len = msg_mangle(buf, MSG_CASES[i].bad, 900 + (uint32_t)i);
 		assert_int_equal(send(r.fd, buf, len, MSG_NOSIGNAL), (ssize_t)len);
-		int n = wire_recv(&r, &rep, sizeof(rep), NULL, NULL, 5000);
+		int n = wire_recv(&r, &rep, sizeof(rep), NULL, NULL, WAIT_MS);
 		if (n < (int)sizeof(rep.hdr))
 			fail_msg("%s: no reply (%d): the connection should stay usable", what, n);
 		const struct kvd_msg_hdr *h = &rep.hdr;
@@ -889,7 +889,7 @@ static void test_daemon_death_wakes_waiter(void **state)
 	struct kvd_sqe q = gen_sqe(&r, 5, 1000, KVD_SQE_IGNORE_EOS);
 	assert_int_equal(wire_submit(&r, &q), 0);
 	assert_int_equal(pthread_create(&t, NULL, kill_daemon_soon, NULL), 0);
-	int rc = wire_wait(&r, &c, 10000);
+	int rc = wire_wait(&r, &c, WAIT_MS);
 	int64_t woke = kp_now_ms();
 	assert_int_equal(pthread_join(t, NULL), 0);
 	int st;
@@ -899,7 +899,7 @@ static void test_daemon_death_wakes_waiter(void **state)
 	if (rc != -ECONNRESET)
 		fail_msg("the waiter got %d (%s), want -ECONNRESET from the hang-up", rc, strerror(-rc));
 	int64_t late = woke - __atomic_load_n(&killed_at, __ATOMIC_SEQ_CST);
-	if (late >= 2000)
+	if (late >= kw_ms(2000))
 		fail_msg("the waiter noticed the daemon's death %lld ms late", (long long)late);
 	/* And the socket says so plainly: POLLHUP, then EOF. */
 	struct pollfd p = { r.fd, POLLIN, 0 };
@@ -983,7 +983,7 @@ static void test_cq_overflow_loses_nothing(void **state)
 		}
 		kp_sleep_ms(50);
 		for (uint64_t i = 1; i <= N_NOP; i++) {
-			int rc = wire_wait(&r, &c, 5000);
+			int rc = wire_wait(&r, &c, WAIT_MS);
 			if (rc)
 				fail_with_log("NOP %llu of %d (round %d) never completed (%s) while kvd held %u"
 					 " completions for a CQ with room: it went to sleep on them",
@@ -1105,7 +1105,7 @@ static void test_sigterm_drains(void **state)
 	int64_t t0 = kp_now_ms();
 	assert_int_equal(kill(pid, SIGTERM), 0);
 	/* The socket goes once kvd has begun draining; from then on new work is refused. */
-	for (int64_t end = kp_now_ms() + 5000; !access(D.sock, F_OK) && kp_now_ms() < end;)
+	for (int64_t end = kp_now_ms() + kw_ms(30000); !access(D.sock, F_OK) && kp_now_ms() < end;)
 		kp_sleep_ms(1);
 	assert_int_equal(access(D.sock, F_OK), -1);
 	struct kvd_sqe late = gen_sqe(&r, 22, 4, 0);
@@ -1148,10 +1148,10 @@ static void test_sigterm_drains(void **state)
 
 	int st = 0;
 	pid_t w = 0;
-	for (int64_t end = kp_now_ms() + 5000; (w = waitpid(pid, &st, WNOHANG)) == 0 && kp_now_ms() < end;)
+	for (int64_t end = kp_now_ms() + kw_ms(30000); (w = waitpid(pid, &st, WNOHANG)) == 0 && kp_now_ms() < end;)
 		kp_sleep_ms(10);
 	if (w == 0)
-		fail_msg("kvd still runs 5 s after SIGTERM with nothing left to drain");
+		fail_msg("kvd still runs %d s after SIGTERM with nothing left to drain", kw_ms(30000) / 1000);
 	D.pid = 0;
 	if (!WIFEXITED(st) || WEXITSTATUS(st))
 		fail_msg("kvd ended with wait status %#x after SIGTERM, want exit 0", st);

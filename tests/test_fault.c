@@ -59,6 +59,20 @@ struct good {
 	char why[160];
 };
 
+/* Static, with the flag that stops them: a failed test's teardown still joins them. */
+static struct good GOOD[N_GOOD];
+static volatile int STOP;
+static int GOOD_RUNNING;
+
+static void good_stop(void)
+{
+	STOP = 1;
+	for (int i = 0; i < GOOD_RUNNING; i++)
+		pthread_join(GOOD[i].th, NULL);
+	GOOD_RUNNING = 0;
+	STOP = 0;
+}
+
 static void *good_main(void *arg)
 {
 	struct good *g = arg;
@@ -81,8 +95,8 @@ static void *good_main(void *arg)
 		}
 		struct kvd_cqe cqe;
 		do {
-			rc = kvc_wait(c, &cqe, 60000);
-		} while (rc == -EINTR || (!rc && (cqe.flags & KVD_CQE_MORE)));
+			rc = kp_wait_cqe(&D, c, &cqe);
+		} while (!rc && (cqe.flags & KVD_CQE_MORE));
 		if (rc || cqe.res != GOOD_TOKENS || cqe.user_data != 1000 + g->runs) {
 			snprintf(g->why, sizeof(g->why), "run %u: wait %d res %d user_data %llu", g->runs,
 				 rc, cqe.res, (unsigned long long)cqe.user_data);
@@ -108,7 +122,7 @@ static struct kvc_conn *open_conn(uint32_t sq, uint32_t cq, uint32_t *s)
 	struct kvc_conn *c = NULL;
 	int rc;
 	/* Hung-up clients' sessions count against the uid until the daemon reaps them: retry. */
-	for (int64_t end = kp_now_ms() + 5000;; kp_sleep_ms(5)) {
+	for (int64_t end = kp_now_ms() + kw_ms(30000);; kp_sleep_ms(5)) {
 		rc = kvc_connect(&c, D.sock);
 		if (!rc && (rc = kvc_session_open_ex(c, sq, cq, 64 << 10, s)))
 			kvc_close(c);
@@ -239,13 +253,13 @@ static void test_fault_injection(void **state)
 	struct kvc_conn *c;
 	uint32_t s;
 	struct kvd_cqe cqe;
-	assert_int_equal(kvc_connect(&c, D.sock), 0);
+	assert_int_equal(kp_connect(&c, D.sock), 0);
 	assert_int_equal(kvc_session_open(c, &s), 0);
 	assert_int_equal(submit_generate(c, s, 0, GOOD_TOKENS, KVD_SQE_IGNORE_EOS, 7), 0);
-	assert_int_equal(kvc_wait(c, &cqe, 60000), 0);
+	assert_int_equal(kp_wait_cqe(&D, c, &cqe), 0);
 	assert_int_equal(cqe.res, GOOD_TOKENS);
 	memcpy(expect, kvc_arena(c, NULL) + 256, sizeof(expect));
-	kvc_close(c);
+	kp_close(c);
 
 	/* Warm up every path once, then take the baseline with nobody connected. */
 	for (int i = 0; i < 20; i++)
@@ -256,30 +270,29 @@ static void test_fault_injection(void **state)
 	}
 	struct kvd_stats_rep st;
 	assert_int_equal(kp_wait_idle(&D, &st, 20000), 0);
-	kp_sleep_ms(200);	/* the STATS connection's socket closes too */
+	kp_sleep_ms(kw_ms(200));	/* the STATS connection's socket closes too */
 	int fds0 = kp_fds(D.pid);
 	long rss0 = kp_status_kb(D.pid, "VmRSS");
 	assert_true(fds0 > 0 && rss0 > 0);
 
-	volatile int stop = 0;
-	struct good g[N_GOOD];
+	struct good *g = GOOD;
 	for (int i = 0; i < N_GOOD; i++) {
-		g[i] = (struct good){ .idx = i, .expect = expect, .stop = &stop };
+		g[i] = (struct good){ .idx = i, .expect = expect, .stop = &STOP };
 		assert_int_equal(pthread_create(&g[i].th, NULL, good_main, &g[i]), 0);
+		GOOD_RUNNING = i + 1;
 	}
 	uint32_t n = cycles(), done = 0;
 	int64_t t0 = kp_now_ms();
 	/* n cycles at least, and on until every good client has generated a few times. */
-	for (uint32_t i = 0; i < n || (min_runs(g) < 5 && kp_now_ms() - t0 < 60000); i++, done++) {
+	for (uint32_t i = 0; i < n || (min_runs(g) < 5 && kp_now_ms() - t0 < kw_ms(60000)); i++, done++) {
 		cycle();
 		if (kill(D.pid, 0))
 			fail_msg("kvd died at cycle %u", i);
 	}
 	int64_t t1 = kp_now_ms();
-	stop = 1;
 	unsigned good_runs = 0;
+	good_stop();
 	for (int i = 0; i < N_GOOD; i++) {
-		pthread_join(g[i].th, NULL);
 		if (g[i].why[0])
 			fail_msg("good client %d: %s", i, g[i].why);
 		good_runs += g[i].runs;
@@ -294,9 +307,9 @@ static void test_fault_injection(void **state)
 	if (kp_wait_idle(&D, &st, 20000))
 		fail_msg("still held: %u connections, %u sessions, %llu blocks", st.connections,
 			 st.sessions, (unsigned long long)st.kv_blocks_used);
-	kp_sleep_ms(200);
+	kp_sleep_ms(kw_ms(200));
 	int fds1 = kp_fds(D.pid);
-	for (int64_t end = kp_now_ms() + 5000; fds1 != fds0 && kp_now_ms() < end; kp_sleep_ms(20))
+	for (int64_t end = kp_now_ms() + kw_ms(30000); fds1 != fds0 && kp_now_ms() < end; kp_sleep_ms(20))
 		fds1 = kp_fds(D.pid);
 	long rss1 = kp_status_kb(D.pid, "VmRSS");
 	print_message("%u fault cycles in %.1f s beside %u good generations; blocks in use %llu of "
@@ -311,18 +324,23 @@ static void test_fault_injection(void **state)
 	assert_int_equal(kp_stop(&D), 0);
 }
 
+/* Whatever the test left, failed or not: the daemon, the good clients, the connections, its files. */
 static int teardown(void **state)
 {
 	(void)state;
-	for (int k = 0; k < N_IDLE; k++) {
-		kvc_close(idle[k]);
-		idle[k] = NULL;
-	}
+	/* The daemon first: its hang-up ends a good client's wait at once, so the join is quick. */
 	if (D.pid) {
 		kill(D.pid, SIGKILL);
 		waitpid(D.pid, NULL, 0);
 		D.pid = 0;
 	}
+	good_stop();
+	kp_close_all();
+	for (int k = 0; k < N_IDLE; k++) {
+		kvc_close(idle[k]);
+		idle[k] = NULL;
+	}
+	kp_cleanup(&D);
 	return 0;
 }
 

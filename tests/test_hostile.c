@@ -29,7 +29,7 @@
  * somebody else is still served and that SIGTERM still stops the daemon.
  *
  * A stalled daemon is detected only with generous bounds (hang_ms(): 90 s,
- * times $KVD_TEST_SLOW when set), never by asserting that anything is
+ * scaled by tests/lib/wait.h's kw_ms()), never by asserting that anything is
  * fast. Victims that must connect after an attack run in a child process
  * (victim_*()) so that a daemon that no longer answers even HELLO cannot
  * hang the test: the child is killed at the bound. Whatever a failing test
@@ -51,11 +51,7 @@ static const uint32_t PROMPT[] = { 504, 3575, 282, 4649, 314 };
 
 static int hang_ms(void)
 {
-	const char *s = getenv("KVD_TEST_SLOW");
-	double f = s && *s ? atof(s) : 1.0;
-	if (f <= 0)
-		f = 1.0;
-	return (int)(90000 * f);
+	return kw_ms(90000);
 }
 
 static int setup(void **state)

@@ -41,14 +41,11 @@ static gid_t nogroup;
 
 /*
  * A bound for something that must happen "eventually": generous, never a
- * speed requirement. $KVD_TEST_SLOW scales it (a slower machine, or a
- * quicker look at a hang).
+ * speed requirement; scaled as every test wait is (tests/lib/wait.h).
  */
 static int bound_ms(int ms)
 {
-	const char *s = getenv("KVD_TEST_SLOW");
-	double f = s && *s ? atof(s) : 0;
-	return f > 0 ? (int)(ms * f) : ms;
+	return kw_ms(ms);
 }
 
 #define HANG_MS bound_ms(120000)
@@ -278,7 +275,7 @@ static int can_drop_caps(void)
 	if (pid == 0)
 		_exit(prctl(PR_CAPBSET_DROP, CAP_SYS_RESOURCE, 0, 0, 0) ||
 		      prctl(PR_CAPBSET_DROP, CAP_SYS_ADMIN, 0, 0, 0) ? 1 : 0);
-	return wait_bounded(pid, 30000) == 0;
+	return wait_bounded(pid, bound_ms(30000)) == 0;
 }
 
 /* Blocking sends, bounded: a daemon that stops reading must not hang the attacker (the test). */
@@ -560,7 +557,7 @@ static void test_uid_connection_flood(void **state)
 
 static int uid_once_child(uid_t uid)
 {
-	alarm(120);	/* bounds the parent's blocking waitpid(): a hung child dies */
+	alarm(kw_s(120000));	/* bounds the parent's blocking waitpid(): a hung child dies */
 	become(uid);
 	struct kvc_conn *c;
 	int rc = kvc_connect(&c, D.sock);

@@ -170,7 +170,8 @@ if have pkg-config && have cc; then
 			>"$tmp/kvd.log" 2>&1 &
 		daemon_pid=$!
 		i=0
-		while [ ! -S "$sock" ] && [ $i -lt 300 ] && kill -0 "$daemon_pid" 2>/dev/null; do
+		# Until the socket appears or the daemon dies; 5 min only bounds a hang.
+		while [ ! -S "$sock" ] && [ $i -lt 3000 ] && kill -0 "$daemon_pid" 2>/dev/null; do
 			sleep 0.1
 			i=$((i + 1))
 		done

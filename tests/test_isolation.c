@@ -40,14 +40,34 @@ static void need_root(void)
 	nogroup = g->gr_gid;
 }
 
+/* What a failed test_region_and_cache_isolation leaves: client A, blocked on its pipe, and the pipes. */
+static pid_t CLIENT_A;
+static int PIPES[4] = { -1, -1, -1, -1 };
+
+static void close_fd(int *fd)
+{
+	if (*fd >= 0)
+		close(*fd);
+	*fd = -1;
+}
+
+/* Whatever a test left, failed or not: client A, the pipes, the daemon and its files. */
 static int teardown(void **state)
 {
 	(void)state;
+	if (CLIENT_A > 0) {
+		kill(CLIENT_A, SIGKILL);
+		waitpid(CLIENT_A, NULL, 0);
+	}
+	CLIENT_A = 0;
+	for (int i = 0; i < 4; i++)
+		close_fd(&PIPES[i]);
 	if (D.pid) {
 		kill(D.pid, SIGKILL);
 		waitpid(D.pid, NULL, 0);
 		D.pid = 0;
 	}
+	kp_cleanup(&D);
 	return 0;
 }
 
@@ -135,7 +155,7 @@ static int prefill(struct kvc_conn *c, uint32_t s, uint32_t slot)
 	struct kvd_sqe q;
 	struct kvd_cqe cqe;
 	kvc_prep_prefill(&q, s, slot, 1 + slot, 0, N_SECRET);
-	if (kvc_submit(c, &q) || kvc_wait(c, &cqe, 60000))
+	if (kvc_submit(c, &q) || kp_wait_cqe(&D, c, &cqe))
 		return -EIO;
 	return cqe.res;
 }
@@ -247,7 +267,7 @@ static int client_b(void *arg)
 	struct kvd_sqe q;
 	struct kvd_cqe cqe;
 	kvc_prep(&q, KVD_OP_RESET, sh->a_session, 0, 9);
-	if (kvc_submit(c, &q) || kvc_wait(c, &cqe, 60000) || cqe.res != -ENOENT)
+	if (kvc_submit(c, &q) || kp_wait_cqe(&D, c, &cqe) || cqe.res != -ENOENT)
 		return 22;
 	/* The same prompt computes from scratch: A's cached blocks are not B's. */
 	struct kvd_stats_rep st0, st1;
@@ -269,15 +289,20 @@ static void test_region_and_cache_isolation(void **state)
 	static const char *const args[] = { "--socket-group", "nogroup", "--threads", "1", NULL };
 	assert_int_equal(kp_start(&D, args), 0);
 	struct shared sh;
-	assert_int_equal(pipe(sh.to_b), 0);
-	assert_int_equal(pipe(sh.to_a), 0);
+	assert_int_equal(pipe(PIPES), 0);
+	assert_int_equal(pipe(PIPES + 2), 0);
+	memcpy(sh.to_b, PIPES, sizeof(sh.to_b));
+	memcpy(sh.to_a, PIPES + 2, sizeof(sh.to_a));
 	pid_t a = spawn_as(UID_A, nogroup, client_a, &sh);
 	assert_true(a > 0);
-	close(sh.to_b[1]);	/* A's end: a read sees EOF if A dies first */
-	close(sh.to_a[0]);
+	CLIENT_A = a;
+	close_fd(&PIPES[1]);	/* A's end: a read sees EOF if A dies first */
+	close_fd(&PIPES[2]);
 	struct shared got;
-	if (read(sh.to_b[0], &got, sizeof(got)) != sizeof(got))
+	if (read(sh.to_b[0], &got, sizeof(got)) != sizeof(got)) {
+		CLIENT_A = 0;
 		fail_msg("client A failed (exit status %d)", wait_status(a));
+	}
 	sh.a_pid = got.a_pid;
 	memcpy(sh.a_range, got.a_range, sizeof(sh.a_range));
 	sh.a_session = got.a_session;
@@ -293,12 +318,13 @@ static void test_region_and_cache_isolation(void **state)
 	struct kvd_stats_rep st0, st1;
 	assert_int_equal(kp_stats(&D, &st0), 0);
 	assert_int_equal(write(sh.to_a[1], "g", 1), 1);
+	CLIENT_A = 0;
 	assert_int_equal(wait_status(a), 0);
 	assert_int_equal(kp_stats(&D, &st1), 0);
 	/* ... and A's own second prefill did hit: the cache B missed was there. */
 	assert_true(st1.prefix_hit_tokens > st0.prefix_hit_tokens);
-	close(sh.to_a[1]);
-	close(sh.to_b[0]);
+	close_fd(&PIPES[3]);
+	close_fd(&PIPES[0]);
 	assert_int_equal(kp_stop(&D), 0);
 }
 

@@ -19,6 +19,7 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/quant.h"
 #include "kernels/cpu/threadpool.h"
+#include "tests/lib/wait.h"
 
 /* ---- helpers ---- */
 
@@ -1254,7 +1255,7 @@ static void test_threadpool(void **state)
 	 * alarm turns a hang into a failure. Four threads on fewer cores spin
 	 * against each other (milliseconds a run), so they get fewer runs.
 	 */
-	alarm(60);
+	alarm(kw_s(60000));
 	for (size_t i = 0; i < sizeof(threads) / sizeof(threads[0]); i++) {
 		long cores = sysconf(_SC_NPROCESSORS_ONLN);
 		int runs = threads[i] <= (uint32_t)cores ? 2000 : 100;

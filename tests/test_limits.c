@@ -22,14 +22,17 @@ static void start(const char *const *args)
 	assert_int_equal(kp_start(&D, args), 0);
 }
 
+/* Whatever a test left, failed or not: its connections, then the daemon and its files. */
 static int teardown(void **state)
 {
 	(void)state;
+	kp_close_all();
 	if (D.pid) {
 		kill(D.pid, SIGKILL);
 		waitpid(D.pid, NULL, 0);
 		D.pid = 0;
 	}
+	kp_cleanup(&D);
 	return 0;
 }
 
@@ -50,7 +53,7 @@ static int generate(struct kvc_conn *c, uint32_t s, uint32_t slot, uint32_t n_pr
 	kvc_prep_generate(&q, s, slot, 42, 0, n_prompt, 32768, max);
 	q.flags = KVD_SQE_IGNORE_EOS;
 	assert_int_equal(kvc_submit(c, &q), 0);
-	assert_int_equal(kvc_wait(c, &cqe, 60000), 0);
+	assert_int_equal(kp_wait_cqe(&D, c, &cqe), 0);
 	assert_int_equal(cqe.user_data, 42);
 	return cqe.res;
 }
@@ -58,7 +61,7 @@ static int generate(struct kvc_conn *c, uint32_t s, uint32_t slot, uint32_t n_pr
 static struct kvc_conn *conn(uint32_t *s)
 {
 	struct kvc_conn *c;
-	assert_int_equal(kvc_connect(&c, D.sock), 0);
+	assert_int_equal(kp_connect(&c, D.sock), 0);
 	assert_int_equal(kvc_session_open(c, s), 0);
 	return c;
 }
@@ -89,16 +92,16 @@ static void test_pool_full(void **state)
 		assert_int_equal(kvc_submit(c, &q), 0);
 	}
 	for (uint32_t k = 0; k < 4; k++) {
-		assert_int_equal(kvc_wait(c, &cqe, 60000), 0);
+		assert_int_equal(kp_wait_cqe(&D, c, &cqe), 0);
 		assert_int_equal(cqe.res, 40);
 	}
 	/* And then a generation still runs: the idle ones give way. */
 	assert_int_equal(generate(c, s, 5, 5, 16), 16);
-	kvc_close(c);
+	kp_close(c);
 	assert_idle();
 	c = conn(&s);
 	assert_int_equal(generate(c, s, 0, 5, 16), 16);
-	kvc_close(c);
+	kp_close(c);
 	assert_int_equal(kp_stop(&D), 0);
 }
 
@@ -118,16 +121,16 @@ static void test_uid_quotas(void **state)
 
 	/* Sessions: two per uid, counted across connections. */
 	struct kvc_conn *c2;
-	assert_int_equal(kvc_connect(&c2, D.sock), 0);
+	assert_int_equal(kp_connect(&c2, D.sock), 0);
 	assert_int_equal(kvc_session_open_ex(c2, 0, 0, 4096, &s2), 0);
 	assert_int_equal(kvc_session_open(c2, &s3), -EMFILE);
 	assert_int_equal(kvc_session_close(c2, s2), 0);
 	/* The close takes effect at the engine's next step boundary. */
 	int rc = -EMFILE;
-	for (int i = 0; i < 200 && rc == -EMFILE; i++, kp_sleep_ms(10))
+	for (int64_t end = kp_now_ms() + kw_ms(10000); rc == -EMFILE && kp_now_ms() < end; kp_sleep_ms(10))
 		rc = kvc_session_open(c2, &s3);
 	assert_int_equal(rc, 0);
-	kvc_close(c2);
+	kp_close(c2);
 
 	/* In flight: the third concurrent request of the uid is refused. */
 	struct kvd_sqe q;
@@ -140,7 +143,7 @@ static void test_uid_quotas(void **state)
 		assert_int_equal(kvc_submit(c, &q), 0);
 	}
 	while (done + busy < 3) {
-		assert_int_equal(kvc_wait(c, &cqe, 60000), 0);
+		assert_int_equal(kp_wait_cqe(&D, c, &cqe), 0);
 		if (cqe.res == -EBUSY)
 			busy++;
 		else if (cqe.res == 40)
@@ -150,22 +153,22 @@ static void test_uid_quotas(void **state)
 	}
 	assert_int_equal(busy, 1);
 	assert_int_equal(generate(c, s, 0, 5, 8), 8);
-	kvc_close(c);
+	kp_close(c);
 	assert_idle();
 
 	/* Region bytes: a second 3 MiB region does not fit in 4 MiB for the uid. */
 	struct kvc_conn *a, *b;
-	assert_int_equal(kvc_connect(&a, D.sock), 0);
-	assert_int_equal(kvc_connect(&b, D.sock), 0);
+	assert_int_equal(kp_connect(&a, D.sock), 0);
+	assert_int_equal(kp_connect(&b, D.sock), 0);
 	assert_int_equal(kvc_session_open_ex(a, 0, 0, 3 << 20, &s), 0);
 	assert_int_equal(kvc_session_open_ex(b, 0, 0, 3 << 20, &s2), -EDQUOT);
-	kvc_close(a);
+	kp_close(a);
 	/* a's region counts until the daemon has reaped it. */
 	rc = -EDQUOT;
-	for (int i = 0; i < 500 && rc == -EDQUOT; i++, kp_sleep_ms(10))
+	for (int64_t end = kp_now_ms() + kw_ms(10000); rc == -EDQUOT && kp_now_ms() < end; kp_sleep_ms(10))
 		rc = kvc_session_open_ex(b, 0, 0, 3 << 20, &s2);
 	assert_int_equal(rc, 0);
-	kvc_close(b);
+	kp_close(b);
 	assert_int_equal(kp_stop(&D), 0);
 }
 
@@ -200,7 +203,7 @@ static void free_fds(pid_t pid, int *out, int n)
 static void wait_fds(int want)
 {
 	int n = kp_fds(D.pid);
-	for (int64_t end = kp_now_ms() + 5000; n != want && kp_now_ms() < end; kp_sleep_ms(10))
+	for (int64_t end = kp_now_ms() + kw_ms(30000); n != want && kp_now_ms() < end; kp_sleep_ms(10))
 		n = kp_fds(D.pid);
 	assert_int_equal(n, want);
 }
@@ -221,7 +224,7 @@ static void test_fd_limit(void **state)
 	assert_int_equal(prlimit(D.pid, RLIMIT_NOFILE, NULL, &old), 0);
 	/* The start-up probe's and the STATS connection's sockets must be gone first. */
 	assert_idle();
-	kp_sleep_ms(200);
+	kp_sleep_ms(kw_ms(200));
 	int fds0 = kp_fds(D.pid);
 	assert_true(fds0 > 0);
 	int free[7];
@@ -237,21 +240,21 @@ static void test_fd_limit(void **state)
 	 */
 	for (int k = 0; k <= 5; k++) {
 		assert_int_equal(set_nofile(D.pid, (rlim_t)free[k]), 0);
-		int rc = kvc_connect(&c, D.sock);
+		int rc = kp_connect(&c, D.sock);
 		if (k == 0 && rc == -EMFILE) {
 			wait_fds(fds0);
 			continue;
 		}
 		assert_int_equal(rc, 0);
 		assert_int_equal(kvc_session_open(c, &s), -EMFILE);
-		kvc_close(c);
+		kp_close(c);
 		wait_fds(fds0);
 	}
 	/* With room for the socket and the region's five fds (three kept) it all works. */
 	assert_int_equal(set_nofile(D.pid, (rlim_t)free[6]), 0);
 	c = conn(&s);
 	assert_int_equal(generate(c, s, 0, 5, 8), 8);
-	kvc_close(c);
+	kp_close(c);
 	wait_fds(fds0);
 	assert_int_equal(set_nofile(D.pid, old.rlim_cur), 0);
 	struct kvc_conn *many[8];
@@ -259,7 +262,7 @@ static void test_fd_limit(void **state)
 		many[i] = conn(&s);
 	assert_int_equal(generate(many[7], s, 0, 5, 8), 8);
 	for (int i = 0; i < 8; i++)
-		kvc_close(many[i]);
+		kp_close(many[i]);
 	assert_idle();
 	wait_fds(fds0);
 	assert_int_equal(kp_stop(&D), 0);
@@ -289,7 +292,7 @@ static void test_fd_limit_at_start(void **state)
 	kp_skip_without_uring();
 	assert_int_equal(kp_start_ex(&D, args, nofile_32, NULL), 0);
 	assert_idle();
-	kp_sleep_ms(200);
+	kp_sleep_ms(kw_ms(200));
 	int fds0 = kp_fds(D.pid);
 	struct kvc_conn *held[32];
 	int n = 0, rc = 0, open_fail = 0;
@@ -301,7 +304,7 @@ static void test_fd_limit_at_start(void **state)
 		 * would meet a limit that is gone a moment later.
 		 */
 		wait_fds(fds0 + 4 * (n - open_fail) + open_fail);
-		if ((rc = kvc_connect(&held[n], D.sock)))
+		if ((rc = kp_connect(&held[n], D.sock)))
 			break;
 		int o = kvc_session_open(held[n++], &s);
 		if (o) {
@@ -313,14 +316,14 @@ static void test_fd_limit_at_start(void **state)
 	print_message("%d connections held (%d without a session) before -EMFILE at connect\n", n,
 		      open_fail);
 	wait_fds(fds0 + 4 * (n - open_fail) + open_fail);
-	assert_int_equal(kvc_connect(&held[n], D.sock), -EMFILE);	/* and again */
+	assert_int_equal(kp_connect(&held[n], D.sock), -EMFILE);	/* and again */
 	for (int i = 0; i < n; i++)
-		kvc_close(held[i]);
+		kp_close(held[i]);
 	assert_idle();
 	wait_fds(fds0);
 	struct kvc_conn *c = conn(&s);
 	assert_int_equal(generate(c, s, 0, 5, 8), 8);
-	kvc_close(c);
+	kp_close(c);
 	assert_int_equal(kp_stop(&D), 0);
 }
 
@@ -336,17 +339,17 @@ static void test_cq_full(void **state)
 	start(args);
 	struct kvc_conn *c;
 	uint32_t s;
-	assert_int_equal(kvc_connect(&c, D.sock), 0);
+	assert_int_equal(kp_connect(&c, D.sock), 0);
 	assert_int_equal(kvc_session_open_ex(c, 4, 4, 0, &s), 0);
 	struct kvd_sqe q;
 	put_prompt(c, 5, 3);
 	kvc_prep_generate(&q, s, 0, 1, 0, 5, 32768, 24);
 	q.flags = KVD_SQE_IGNORE_EOS | KVD_SQE_STREAM;
 	assert_int_equal(kvc_submit(c, &q), 0);
-	kp_sleep_ms(300);
+	kp_sleep_ms(kw_ms(300));
 	/* The CQ (4) and the held completions (4 more) are full: the SQ is not drained. */
 	int queued = 0, rc = 0;
-	for (int64_t end = kp_now_ms() + 5000; kp_now_ms() < end; kp_sleep_ms(5)) {
+	for (int64_t end = kp_now_ms() + kw_ms(30000); kp_now_ms() < end; kp_sleep_ms(5)) {
 		kvc_prep(&q, KVD_OP_NOP, s, 0, 100 + queued);
 		if ((rc = kvc_submit(c, &q)) == -EAGAIN)
 			break;
@@ -359,7 +362,7 @@ static void test_cq_full(void **state)
 	int nops = 0;
 	struct kvd_cqe cqe;
 	while (next <= 24 || nops < queued) {
-		assert_int_equal(kvc_wait(c, &cqe, 60000), 0);
+		assert_int_equal(kp_wait_cqe(&D, c, &cqe), 0);
 		if (cqe.user_data >= 100) {
 			assert_int_equal(cqe.user_data, 100 + nops);
 			nops++;
@@ -370,7 +373,7 @@ static void test_cq_full(void **state)
 		next++;
 	}
 	assert_int_equal(generate(c, s, 1, 5, 8), 8);
-	kvc_close(c);
+	kp_close(c);
 	assert_idle();
 	assert_int_equal(kp_stop(&D), 0);
 }

@@ -25,17 +25,11 @@
 #define MAXN 16
 #define OUT 12
 
-/* Daemons still running: a failed test leaves its own, the group teardown ends them. */
-static struct kvd_proc *live[8];
-
-static void live_set(struct kvd_proc *d, struct kvd_proc *to)
-{
-	for (int i = 0; i < 8; i++)
-		if (live[i] == d) {
-			live[i] = to;
-			return;
-		}
-}
+/*
+ * The daemons of the running test, static so that a failed test's teardown
+ * still finds them (its own stack frame is gone by then).
+ */
+static struct kvd_proc daemons[2];
 
 /* Connections open: a failed test's are closed by the teardown, so nothing leaks. */
 static struct kvc_conn *open_conns[8];
@@ -61,24 +55,17 @@ static void conn_close(struct kvc_conn *c)
 	kvc_close(c);
 }
 
-/*
- * The next CQE, however long a slow or sanitized daemon takes: waits as
- * long as the daemons are alive (progress, not a deadline, decides).
- */
+/* The next CQE, however long a slow or sanitized daemon takes (kp_wait_cqe() on the running one). */
 static void wait_cqe(struct kvc_conn *c, struct kvd_cqe *cqe)
 {
-	for (;;) {
-		int rc = kvc_wait(c, cqe, 1000);
-		if (rc != -ETIMEDOUT && rc != -EINTR) {
-			assert_int_equal(rc, 0);
-			return;
-		}
-		for (int i = 0; i < 8; i++)
-			if (live[i] && kill(live[i]->pid, 0))
-				fail_msg("the daemon is gone while a completion was awaited");
-	}
+	const struct kvd_proc *d = NULL;
+	for (int i = 0; i < 2; i++)
+		if (daemons[i].pid)
+			d = &daemons[i];
+	assert_int_equal(kp_wait_cqe(d, c, cqe), 0);
 }
 
+/* Whatever a test left, failed or not: its connections, then its daemons. */
 static int teardown(void **state)
 {
 	(void)state;
@@ -87,37 +74,41 @@ static int teardown(void **state)
 			kvc_close(open_conns[i]);
 			open_conns[i] = NULL;
 		}
-	for (int i = 0; i < 8; i++)
-		if (live[i]) {
-			kp_cleanup(live[i]);
-			live[i] = NULL;
-		}
+	for (int i = 0; i < 2; i++)
+		kp_cleanup(&daemons[i]);
 	return 0;
 }
 
-/* Start the daemon with a 64 MiB pool and extra arguments (NULL-terminated) and wait until it answers. */
-static void daemon_start(struct kvd_proc *d, ...)
+/*
+ * Start a daemon with a 64 MiB pool and extra arguments (NULL-terminated),
+ * wait until it answers; it lives in daemons[], where the teardown ends it.
+ */
+static struct kvd_proc *daemon_start(const char *first, ...)
 {
 	const char *extra[32] = { "--kv-mem", "64M" };
 	int n = 2;
 	va_list ap;
-	va_start(ap, d);
-	const char *a;
-	while ((a = va_arg(ap, const char *)) && n < 31)
+	va_start(ap, first);
+	for (const char *a = first; a && n < 31; a = va_arg(ap, const char *))
 		extra[n++] = a;
 	va_end(ap);
 	extra[n] = NULL;
+	struct kvd_proc *d = NULL;
+	for (int i = 0; i < 2 && !d; i++)
+		if (!daemons[i].pid && !daemons[i].dir[0])
+			d = &daemons[i];
+	if (!d)
+		fail_msg("more than 2 daemons in one test");
 	int rc = kp_start(d, extra);
 	if (rc) {
 		kp_cleanup(d);
 		fail_msg("kvd did not start: %s", strerror(-rc));
 	}
-	live_set(NULL, d);
+	return d;
 }
 
 static void daemon_stop(struct kvd_proc *d)
 {
-	live_set(d, NULL);
 	assert_int_equal(kp_stop(d), 0);
 }
 
@@ -178,12 +169,12 @@ static void test_batched_equals_alone(void **state)
 	(void)state;
 	if (kp_no_uring())
 		skip();
-	struct kvd_proc d;
+	struct kvd_proc *d;
 	struct kvc_conn *c;
 	uint32_t s1, s2;
 	static uint32_t alone[MAXN][OUT], together[MAXN][OUT];
-	daemon_start(&d, "--max-slots", "16", NULL);
-	c = conn_open(d.sock);
+	d = daemon_start("--max-slots", "16", NULL);
+	c = conn_open(d->sock);
 	assert_int_equal(kvc_session_open(c, &s1), 0);
 	assert_int_equal(kvc_session_open(c, &s2), 0);
 	for (uint32_t i = 0; i < MAXN; i++)
@@ -196,7 +187,7 @@ static void test_batched_equals_alone(void **state)
 				fail_msg("N=%u: sequence %u batched differs from alone", ns[t], i);
 	}
 	conn_close(c);
-	daemon_stop(&d);
+	daemon_stop(d);
 }
 
 /*
@@ -208,13 +199,13 @@ static void test_prefill_does_not_stall_decodes(void **state)
 	(void)state;
 	if (kp_no_uring())
 		skip();
-	struct kvd_proc d;
+	struct kvd_proc *d;
 	struct kvc_conn *c, *big, *st;
 	uint32_t s, sb;
-	daemon_start(&d, "--max-batch-tokens", "128", NULL);
-	c = conn_open(d.sock);
-	big = conn_open(d.sock);
-	st = conn_open(d.sock);
+	d = daemon_start("--max-batch-tokens", "128", NULL);
+	c = conn_open(d->sock);
+	big = conn_open(d->sock);
+	st = conn_open(d->sock);
 	assert_int_equal(kvc_session_open(c, &s), 0);
 	assert_int_equal(kvc_session_open(big, &sb), 0);
 	uint8_t *arena = kvc_arena(c, NULL);
@@ -264,7 +255,7 @@ static void test_prefill_does_not_stall_decodes(void **state)
 	conn_close(c);
 	conn_close(big);
 	conn_close(st);
-	daemon_stop(&d);
+	daemon_stop(d);
 }
 
 /* A pool that holds one request at a time: preemption reorders work, changes no token. */
@@ -273,19 +264,19 @@ static void test_preemption_keeps_tokens(void **state)
 	(void)state;
 	if (kp_no_uring())
 		skip();
-	struct kvd_proc d, small;
+	struct kvd_proc *d, *small;
 	struct kvc_conn *c;
 	uint32_t s;
 	static uint32_t ample[4][OUT], tight[4][OUT];
-	daemon_start(&d, NULL);
-	c = conn_open(d.sock);
+	d = daemon_start(NULL);
+	c = conn_open(d->sock);
 	assert_int_equal(kvc_session_open(c, &s), 0);
 	run_batch(c, s, 4, 3, ample, NULL);
 	conn_close(c);
-	daemon_stop(&d);
+	daemon_stop(d);
 	/* 4 blocks of 16: each request (14..23 + 12 tokens) needs two or three. */
-	daemon_start(&small, "--kv-blocks", "4", NULL);
-	c = conn_open(small.sock);
+	small = daemon_start("--kv-blocks", "4", NULL);
+	c = conn_open(small->sock);
 	assert_int_equal(kvc_session_open(c, &s), 0);
 	run_batch(c, s, 4, 3, tight, NULL);
 	struct kvd_stats_rep st;
@@ -295,7 +286,7 @@ static void test_preemption_keeps_tokens(void **state)
 		if (memcmp(ample[i], tight[i], sizeof(ample[i])))
 			fail_msg("request %u: tokens differ after preemption", i);
 	conn_close(c);
-	daemon_stop(&small);
+	daemon_stop(small);
 }
 
 /* With room for one at a time, interactive requests finish before background ones. */
@@ -304,15 +295,15 @@ static void test_priorities(void **state)
 	(void)state;
 	if (kp_no_uring())
 		skip();
-	struct kvd_proc d;
+	struct kvd_proc *d;
 	struct kvc_conn *c;
 	uint32_t s;
 	static uint32_t out[4][OUT];
 	uint8_t prio[4] = { KVD_PRIO_BACKGROUND, KVD_PRIO_BACKGROUND, KVD_PRIO_INTERACTIVE,
 			    KVD_PRIO_INTERACTIVE };
 	/* 3 blocks of 16: each request (5..14 + 12 tokens) needs two: one runs at a time. */
-	daemon_start(&d, "--kv-blocks", "3", NULL);
-	c = conn_open(d.sock);
+	d = daemon_start("--kv-blocks", "3", NULL);
+	c = conn_open(d->sock);
 	assert_int_equal(kvc_session_open(c, &s), 0);
 	run_batch(c, s, 4, 0, out, prio);
 	/* prio[] now holds completion ranks: both interactive ones come first. */
@@ -320,7 +311,7 @@ static void test_priorities(void **state)
 		fail_msg("completion ranks: background %u %u, interactive %u %u", prio[0] - 100,
 			 prio[1] - 100, prio[2] - 100, prio[3] - 100);
 	conn_close(c);
-	daemon_stop(&d);
+	daemon_stop(d);
 }
 
 /*
@@ -332,19 +323,19 @@ static void test_kv_quota(void **state)
 	(void)state;
 	if (kp_no_uring())
 		skip();
-	struct kvd_proc d, q;
+	struct kvd_proc *d, *q;
 	struct kvc_conn *c;
 	uint32_t s;
 	static uint32_t ample[4][OUT], quota[4][OUT];
-	daemon_start(&d, NULL);
-	c = conn_open(d.sock);
+	d = daemon_start(NULL);
+	c = conn_open(d->sock);
 	assert_int_equal(kvc_session_open(c, &s), 0);
 	run_batch(c, s, 4, 0, ample, NULL);
 	conn_close(c);
-	daemon_stop(&d);
+	daemon_stop(d);
 	/* 3 blocks for the uid: each request (5..14 + 12 tokens) needs two. */
-	daemon_start(&q, "--kv-quota", "3", NULL);
-	c = conn_open(q.sock);
+	q = daemon_start("--kv-quota", "3", NULL);
+	c = conn_open(q->sock);
 	assert_int_equal(kvc_session_open(c, &s), 0);
 	run_batch(c, s, 4, 0, quota, NULL);
 	for (uint32_t i = 0; i < 4; i++)
@@ -363,17 +354,17 @@ static void test_kv_quota(void **state)
 	wait_cqe(c, &cqe);
 	assert_int_equal(cqe.res, -EDQUOT);
 	conn_close(c);
-	daemon_stop(&q);
+	daemon_stop(q);
 }
 
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_batched_equals_alone),
-		cmocka_unit_test(test_prefill_does_not_stall_decodes),
-		cmocka_unit_test(test_preemption_keeps_tokens),
-		cmocka_unit_test(test_priorities),
-		cmocka_unit_test(test_kv_quota),
+		cmocka_unit_test_teardown(test_batched_equals_alone, teardown),
+		cmocka_unit_test_teardown(test_prefill_does_not_stall_decodes, teardown),
+		cmocka_unit_test_teardown(test_preemption_keeps_tokens, teardown),
+		cmocka_unit_test_teardown(test_priorities, teardown),
+		cmocka_unit_test_teardown(test_kv_quota, teardown),
 	};
-	return cmocka_run_group_tests(tests, NULL, teardown);
+	return cmocka_run_group_tests(tests, NULL, NULL);
 }

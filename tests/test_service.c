@@ -197,7 +197,7 @@ static int start(void)
 	S.pid = pid;
 	/* systemd-socket-activate binds first; wait for the path. */
 	struct stat st;
-	for (int64_t end = kp_now_ms() + 10000; stat(S.sock, &st); usleep(10000))
+	for (int64_t end = kp_now_ms() + kw_ms(30000); stat(S.sock, &st); usleep(10000))
 		if (kp_now_ms() > end || waitpid(pid, NULL, WNOHANG) == pid) {
 			log_tail();
 			return -ETIMEDOUT;
@@ -247,6 +247,14 @@ static int group_teardown(void **state)
 	return 0;
 }
 
+/* A failed test's connections (the daemon is the group's). */
+static int test_teardown(void **state)
+{
+	(void)state;
+	kp_close_all();
+	return 0;
+}
+
 #define NEED_DAEMON()						\
 	do {							\
 		if (S.why[0]) {					\
@@ -270,9 +278,9 @@ static void test_ready_after_model_load(void **state)
 
 	char statuses[4096] = "";
 	struct note n;
-	if (wait_note("READY=1", 60000, &n, statuses, sizeof(statuses))) {
+	if (wait_note("READY=1", kw_ms(KW_HANG_MS), &n, statuses, sizeof(statuses))) {
 		log_tail();
-		fail_msg("no READY=1 within 60 s; status lines seen:\n%s", statuses);
+		fail_msg("no READY=1 within %d s; status lines seen:\n%s", kw_ms(KW_HANG_MS) / 1000, statuses);
 	}
 	S.ready = 1;
 	print_message("status before READY=1:\n%s", statuses);
@@ -296,7 +304,7 @@ static void test_generate_through_activated_socket(void **state)
 	(void)state;
 	NEED_DAEMON();
 	struct kvc_conn *c = NULL;
-	int rc = kvc_connect(&c, S.sock);
+	int rc = kp_connect(&c, S.sock);
 	if (rc) {
 		log_tail();
 		fail_msg("kvc_connect(%s): %s", S.sock, strerror(-rc));
@@ -314,7 +322,7 @@ static void test_generate_through_activated_socket(void **state)
 	kvc_prep_generate(&sqe, session, 0, 7, in_off, (uint32_t)strlen(prompt), out_off, 16);
 	sqe.flags = KVD_SQE_TEXT;
 	assert_int_equal(kvc_submit(c, &sqe), 0);
-	assert_int_equal(kvc_wait(c, &cqe, 30000), 0);
+	assert_int_equal(kvc_wait(c, &cqe, kw_ms(KW_HANG_MS)), 0);
 	assert_int_equal(cqe.user_data, 7);
 	assert_true(cqe.res > 0 && cqe.res <= 16);
 	const uint32_t *ids = (const uint32_t *)(kvc_arena(c, NULL) + out_off);
@@ -330,41 +338,54 @@ static void test_generate_through_activated_socket(void **state)
 
 	/* While the session is open, the status counts it. */
 	char statuses[8192] = "";
-	assert_int_equal(wait_note("WATCHDOG=1", 3000, NULL, NULL, 0), 0);
-	assert_int_equal(wait_note("STATUS=serving", 3000, NULL, statuses, sizeof(statuses)), 0);
+	assert_int_equal(wait_note("WATCHDOG=1", kw_ms(10000), NULL, NULL, 0), 0);
+	assert_int_equal(wait_note("STATUS=serving", kw_ms(10000), NULL, statuses, sizeof(statuses)), 0);
 	print_message("%s", statuses);
 	assert_non_null(strstr(statuses, "1 sessions on 1 connections"));
 	assert_non_null(strstr(statuses, "cpu backend, KV pool 256 blocks of 16 tokens"));
-	kvc_close(c);
+	kp_close(c);
 }
 
+static int cmp_i64(const void *a, const void *b)
+{
+	int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+	return (x > y) - (x < y);
+}
+
+/*
+ * The daemon pings every half WATCHDOG_USEC. On a loaded machine one ping
+ * can come late and the next on time, so single gaps say little: the
+ * median of six says what the timer is set to (a flood or a stall moves it).
+ */
 static void test_watchdog_interval(void **state)
 {
 	(void)state;
 	NEED_DAEMON();
-	int64_t t[16];
+	enum { PINGS = 7 };
+	int64_t t[PINGS], gaps[PINGS - 1];
 	int n = 0;
 	struct note m = { .pid = 0 };
 	/* Pings queued while earlier tests ran arrive at once: drain them first. */
 	while (!next_note(&m, 0))
 		;
-	int64_t end = kp_now_ms() + 3200;
-	while (n < 16 && kp_now_ms() < end && !wait_note("WATCHDOG=1", (int)(end - kp_now_ms()), &m, NULL, 0))
+	const int64_t end = kp_now_ms() + kw_ms(60000);
+	while (n < PINGS && kp_now_ms() < end &&
+	       !wait_note("WATCHDOG=1", (int)(end - kp_now_ms()), &m, NULL, 0)) {
 		t[n++] = m.at_ms;
-	print_message("%d watchdog pings in 3.2 s, gaps (ms):", n);
-	int64_t max_gap = 0, min_gap = INT64_MAX;
-	for (int i = 1; i < n; i++) {
-		int64_t g = t[i] - t[i - 1];
-		print_message(" %lld", (long long)g);
-		max_gap = g > max_gap ? g : max_gap;
-		min_gap = g < min_gap ? g : min_gap;
+		assert_int_equal(m.pid, S.pid);
 	}
-	print_message("\n");
-	/* Every 500 ms: well inside WATCHDOG_USEC, and not flooding. */
-	assert_true(n >= 5 && n <= 8);
-	assert_true(max_gap < WATCHDOG_USEC / 1000);
-	assert_true(min_gap > 300);
-	assert_int_equal(m.pid, S.pid);
+	assert_int_equal(n, PINGS);
+	print_message("watchdog gaps (ms):");
+	for (int i = 1; i < n; i++) {
+		gaps[i - 1] = t[i] - t[i - 1];
+		print_message(" %lld", (long long)gaps[i - 1]);
+	}
+	qsort(gaps, PINGS - 1, sizeof(gaps[0]), cmp_i64);
+	const int64_t median = (gaps[(PINGS - 1) / 2 - 1] + gaps[(PINGS - 1) / 2]) / 2;
+	print_message("; median %lld\n", (long long)median);
+	/* About 500 ms: well inside WATCHDOG_USEC, and not flooding. */
+	assert_true(median > 300);
+	assert_true(median < WATCHDOG_USEC / 1000);
 }
 
 static void test_sighup_reload(void **state)
@@ -375,13 +396,13 @@ static void test_sighup_reload(void **state)
 	write_file(S.conf, "max-sessions = 6\nkv-blocks = 512\n");
 	assert_int_equal(kill(S.pid, SIGHUP), 0);
 	char statuses[4096] = "";
-	assert_int_equal(wait_note("RELOADING=1", 5000, NULL, statuses, sizeof(statuses)), 0);
-	assert_int_equal(wait_note("READY=1", 5000, NULL, statuses, sizeof(statuses)), 0);
+	assert_int_equal(wait_note("RELOADING=1", kw_ms(30000), NULL, statuses, sizeof(statuses)), 0);
+	assert_int_equal(wait_note("READY=1", kw_ms(30000), NULL, statuses, sizeof(statuses)), 0);
 	struct kvc_conn *c = NULL;
-	assert_int_equal(kvc_connect(&c, S.sock), 0);
+	assert_int_equal(kp_connect(&c, S.sock), 0);
 	assert_int_equal(kvc_info(c)->max_sessions, 6);
 	assert_int_equal(kvc_info(c)->kv_blocks_total, 256);
-	kvc_close(c);
+	kp_close(c);
 	assert_true(log_has("reload: max-sessions 4 -> 6"));
 	assert_true(log_has("reload: kv-blocks = 512 ("));
 	assert_true(log_has("needs a restart; still 256"));
@@ -389,10 +410,10 @@ static void test_sighup_reload(void **state)
 	/* A broken file: logged, and the daemon keeps serving with what it has. */
 	write_file(S.conf, "max-sessions = 5\nmax-sessions = 7\n");
 	assert_int_equal(kill(S.pid, SIGHUP), 0);
-	assert_int_equal(wait_note("READY=1", 5000, NULL, NULL, 0), 0);
-	assert_int_equal(kvc_connect(&c, S.sock), 0);
+	assert_int_equal(wait_note("READY=1", kw_ms(30000), NULL, NULL, 0), 0);
+	assert_int_equal(kp_connect(&c, S.sock), 0);
 	assert_int_equal(kvc_info(c)->max_sessions, 6);
-	kvc_close(c);
+	kp_close(c);
 	assert_true(log_has(":2: max-sessions is already set on line 1; the running configuration stays"));
 }
 
@@ -403,11 +424,11 @@ static void test_sigterm_stopping(void **state)
 	assert_int_equal(kill(S.pid, SIGTERM), 0);
 	char statuses[4096] = "";
 	struct note n;
-	assert_int_equal(wait_note("STOPPING=1", 5000, &n, statuses, sizeof(statuses)), 0);
+	assert_int_equal(wait_note("STOPPING=1", kw_ms(30000), &n, statuses, sizeof(statuses)), 0);
 	assert_non_null(note_line(&n, "STATUS=draining"));
 	int st = 0;
 	pid_t w = 0;
-	for (int64_t end = kp_now_ms() + 15000; (w = waitpid(S.pid, &st, WNOHANG)) == 0 && kp_now_ms() < end;)
+	for (int64_t end = kp_now_ms() + kw_ms(60000); (w = waitpid(S.pid, &st, WNOHANG)) == 0 && kp_now_ms() < end;)
 		usleep(10000);
 	if (w != S.pid || !WIFEXITED(st) || WEXITSTATUS(st)) {
 		log_tail();
@@ -423,11 +444,11 @@ static void test_sigterm_stopping(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_ready_after_model_load),
-		cmocka_unit_test(test_generate_through_activated_socket),
-		cmocka_unit_test(test_watchdog_interval),
-		cmocka_unit_test(test_sighup_reload),
-		cmocka_unit_test(test_sigterm_stopping),
+		cmocka_unit_test_teardown(test_ready_after_model_load, test_teardown),
+		cmocka_unit_test_teardown(test_generate_through_activated_socket, test_teardown),
+		cmocka_unit_test_teardown(test_watchdog_interval, test_teardown),
+		cmocka_unit_test_teardown(test_sighup_reload, test_teardown),
+		cmocka_unit_test_teardown(test_sigterm_stopping, test_teardown),
 	};
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

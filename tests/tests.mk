@@ -34,8 +34,13 @@ VALGRIND_BINS := $(patsubst %,$(B)/tests/test_%,kvpool gguf tokenizer paged) $(F
 # installs into a scratch DESTDIR.
 TEST_SCRIPTS := $(if $(filter 1,$(SANITIZE)),,$(wildcard tests/test_*.sh))
 
+# The plain pass also links the libFuzzer targets (tests/fuzz/fuzz.mk), so
+# that `make fuzz` cannot rot unnoticed.
 .PHONY: test-suites
 test-suites: all $(TEST_BINS) $(FUZZ_REPLAY)
+ifneq ($(SANITIZE),1)
+	@$(MAKE) --no-print-directory fuzz-build-if-able
+endif
 	@sh tests/run.sh $(TEST_BINS) $(TEST_SCRIPTS)
 	@sh tests/fuzz/replay.sh $(FUZZ_REPLAY)
 
@@ -48,5 +53,8 @@ endif
 	@sh tests/valgrind.sh $(VALGRIND_BINS)
 endif
 
+# `make bench QUICK=1`: every part with fewer runs and smaller sizes, in a few
+# minutes; its results (build/bench/results-quick.txt) say they are quick.
+QUICK ?= 0
 bench: all $(BENCH_BINS)
-	@sh tests/bench.sh $(BENCH_BINS)
+	@KVD_BENCH_QUICK=$(QUICK) sh tests/bench.sh $(BENCH_BINS)

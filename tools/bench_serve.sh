@@ -1,9 +1,10 @@
 #!/bin/sh
 # bench_serve.sh — kvd serving benchmarks with kvbench against a private daemon: decode
 # throughput vs sessions, inter-token latency under arriving prompts, prefix-cache TTFT.
-# Usage: tools/bench_serve.sh (B=build dir, THREADS=2, MODEL=path to override).
-# Request counts are cut and every run is capped so the suite fits ~10 minutes on 2 cores;
-# the output says where.
+# Usage: tools/bench_serve.sh (B=build dir, THREADS=2, MODEL=path to override;
+# KVD_BENCH_QUICK=1, from `make bench QUICK=1`: fewer sessions, shorter outputs, lower caps).
+# Request counts are cut and every run is capped so the suite fits ~10 minutes on 2 cores
+# (about 3 in quick mode); the output says where.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 B=${B:-build}
@@ -21,6 +22,8 @@ sock="$dir/kvd.sock"
 pid=
 bg=
 t_start=$(date +%s)
+quick=0
+case ${KVD_BENCH_QUICK:-0} in 0 | "") ;; *) quick=1 ;; esac
 
 stop_daemon() {
 	if [ -n "$pid" ]; then
@@ -128,7 +131,12 @@ status() {
 	echo "  [$(($(date +%s) - t_start)) s so far; load average $(cut -d' ' -f1-3 /proc/loadavg)]"
 }
 
-echo "kvd serving benchmarks: $(nproc) cores, kvd -t $THREADS"
+if [ $quick = 1 ]; then
+	echo "kvd serving benchmarks: $(nproc) cores, kvd -t $THREADS [QUICK: fewer sessions, shorter"
+	echo "  outputs, lower caps; indicative only]"
+else
+	echo "kvd serving benchmarks: $(nproc) cores, kvd -t $THREADS"
+fi
 status
 if awk -v n="$(nproc)" '{ exit !($1 > n / 2) }' /proc/loadavg; then
 	echo "  note: the machine is busy before we start: other processes will compete with kvd"
@@ -141,17 +149,25 @@ note="  * hit its time cap: stopped by SIGINT, in-flight requests cancelled, the
 echo
 
 # ---------------------------------------------------------------------------
+if [ $quick = 1 ]; then
+	a_sessions="1 4 16" a_per=1 a_out=32 a_caps="15/20/30"
+else
+	a_sessions="1 4 16 64" a_per=2 a_out=128 a_caps="30/40/60/90"
+fi
 echo "(a) aggregate decode throughput vs concurrent sessions"
-echo "    closed loop, 128-token prompts, 128 output tokens, 2 requests per session; runs"
-echo "    capped at 30/40/60/90 s. decode tok/s = sessions x 1000 / ITL p50 (no prefill)"
-for n in 1 4 16 64; do
-	case $n in 1) cap=30 ;; 4) cap=40 ;; 16) cap=60 ;; *) cap=90 ;; esac
-	run "a$n" $cap --clients $n --requests $((2 * n)) --prompt-len 128 --output-len 128 \
+echo "    closed loop, 128-token prompts, $a_out output tokens, $a_per request(s) per session; runs"
+echo "    capped at $a_caps s. decode tok/s = sessions x 1000 / ITL p50 (no prefill)"
+for n in $a_sessions; do
+	case $quick:$n in
+	0:1) cap=30 ;; 0:4) cap=40 ;; 0:16) cap=60 ;; 0:*) cap=90 ;;
+	1:1) cap=15 ;; 1:4) cap=20 ;; 1:*) cap=30 ;;
+	esac
+	run "a$n" $cap --clients $n --requests $((a_per * n)) --prompt-len 128 --output-len $a_out \
 		--seed $((100 + n))
 done
 printf '\n  %8s %9s %12s %12s %12s %11s %11s %8s\n' sessions requests "output tok/s" \
 	"decode tok/s" "TTFT p50 ms" "ITL p50 ms" "ITL p99 ms" "KV peak"
-for n in 1 4 16 64; do
+for n in $a_sessions; do
 	printf '  %8s %9s %12s %12s %12s %11s %11s %8s\n' $n "$(get a$n requests)$(capped a$n)" \
 		"$(fmt "$(get a$n output_tok_s)" %.1f)" "$(fmt "$(decode a$n)" %.1f)" \
 		"$(ttft a$n ttft_p50_ms)" "$(fmt "$(get a$n itl_p50_ms)" %.2f)" \
@@ -160,23 +176,30 @@ done
 printf '\n  %-10s %14s %14s\n' "ratio" "output tok/s" "decode tok/s"
 printf '  %-10s %14s %14s\n' "16 vs 1" "$(ratio "$(get a16 output_tok_s)" "$(get a1 output_tok_s)")" \
 	"$(ratio "$(decode a16)" "$(decode a1)")"
-printf '  %-10s %14s %14s\n' "64 vs 16" "$(ratio "$(get a64 output_tok_s)" "$(get a16 output_tok_s)")" \
-	"$(ratio "$(decode a64)" "$(decode a16)")"
+if [ $quick = 0 ]; then
+	printf '  %-10s %14s %14s\n' "64 vs 16" "$(ratio "$(get a64 output_tok_s)" "$(get a16 output_tok_s)")" \
+		"$(ratio "$(decode a64)" "$(decode a16)")"
+fi
 ls "$dir"/a*.capped >/dev/null 2>&1 && echo "$note"
 status
 echo
 
 # ---------------------------------------------------------------------------
 rate=0.5
+if [ $quick = 1 ]; then
+	b_out=64 b_cap=20 b_cap_load=30
+else
+	b_out=256 b_cap=45 b_cap_load=60
+fi
 echo "(b) inter-token latency of 8 decoding sessions while 512-token prompts arrive"
-echo "    8 clients, 32-token prompts, 256 output tokens, one request each (capped at 45 s,"
-echo "    60 s under load); the load: a second kvbench, 2 clients, Poisson $rate prompts/s"
+echo "    8 clients, 32-token prompts, $b_out output tokens, one request each (capped at $b_cap s,"
+echo "    $b_cap_load s under load); the load: a second kvbench, 2 clients, Poisson $rate prompts/s"
 echo "    of 512-token prompts with 1 output token, stopped when the 8 decoders are done"
-run b_alone 45 --clients 8 --requests 8 --prompt-len 32 --output-len 256 --seed 200
+run b_alone $b_cap --clients 8 --requests 8 --prompt-len 32 --output-len $b_out --seed 200
 "$KVBENCH" --socket "$sock" --json --clients 2 --rate $rate --duration 3600 --prompt-len 512 \
 	--output-len 1 --seed 201 >"$dir/b_bg.json" 2>"$dir/b_bg.err" &
 bg=$!
-run b_load 60 --clients 8 --requests 8 --prompt-len 32 --output-len 256 --seed 202
+run b_load $b_cap_load --clients 8 --requests 8 --prompt-len 32 --output-len $b_out --seed 202
 kill -TERM "$bg" 2>/dev/null	# it stops, cancels the prompt in flight and reports
 wait "$bg"
 bg=
@@ -201,11 +224,16 @@ status
 echo
 
 # ---------------------------------------------------------------------------
-echo "(c) TTFT of 32 clients sharing a 512-token system prompt"
-echo "    one request each, all at once: 512 shared + 64 own prompt tokens, 16 output tokens;"
+if [ $quick = 1 ]; then
+	c_n=8 c_out=8 c_cap_cold=20 c_cap_warm=15 c_cap_off=30
+else
+	c_n=32 c_out=16 c_cap_cold=50 c_cap_warm=40 c_cap_off=90
+fi
+echo "(c) TTFT of $c_n clients sharing a 512-token system prompt"
+echo "    one request each, all at once: 512 shared + 64 own prompt tokens, $c_out output tokens;"
 echo "    a fresh daemon per case; cold: nothing cached yet; warm: one request with the"
-echo "    system prompt ran first; runs capped at 50 (cold), 40 (warm) and 90 s (disabled)"
-c_opts="--clients 32 --requests 32 --prompt-len 576 --output-len 16 --seed 300"
+echo "    system prompt ran first; runs capped at $c_cap_cold (cold), $c_cap_warm (warm) and $c_cap_off s (disabled)"
+c_opts="--clients $c_n --requests $c_n --prompt-len 576 --output-len $c_out --seed 300"
 warm="--clients 1 --requests 1 --prompt-len 576 --output-len 1 --shared-prefix 512 --seed 300"
 if "$KVD" --help 2>&1 | grep -q -- --no-prefix-cache; then
 	on=
@@ -222,14 +250,14 @@ else
 	off="nothing shared"
 fi
 start_daemon $on
-run c_cold 50 $c_opts --shared-prefix 512
+run c_cold $c_cap_cold $c_opts --shared-prefix 512
 stop_daemon
 start_daemon $on
 run c_warmup 30 $warm
-run c_warm 40 $c_opts --shared-prefix 512
+run c_warm $c_cap_warm $c_opts --shared-prefix 512
 stop_daemon
 start_daemon $off_kvd
-run c_off 90 $c_opts $off_opts
+run c_off $c_cap_off $c_opts $off_opts
 stop_daemon
 printf '\n  %-32s %12s %12s %12s %9s\n' "" "TTFT p50 ms" "TTFT p99 ms" "prefix hits" "tok/s"
 for c in "c_cold:prefix cache, cold" "c_warm:prefix cache, warm" "c_off:disabled ($off)"; do

@@ -37,6 +37,7 @@
 #include <liburing.h>
 #include "shm/kvclient.h"
 #include "tests/lib/fixture.h"
+#include "tests/lib/wait.h"
 
 struct kvd_proc {
 	pid_t pid;		/* 0: not running */
@@ -59,9 +60,7 @@ static inline const char *kp_bin(void)
 
 static inline int64_t kp_now_ms(void)
 {
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+	return kw_now_ms();
 }
 
 static inline void kp_sleep_ms(int ms)
@@ -69,6 +68,39 @@ static inline void kp_sleep_ms(int ms)
 	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
 	while (nanosleep(&ts, &ts) && errno == EINTR)
 		;
+}
+
+/* pid's CPU time in clock ticks (utime + stime of /proc/PID/stat), -1 when it is gone. */
+static inline long long kp_cpu_ticks(pid_t pid)
+{
+	char path[64], buf[1024];
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return -1;
+	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = 0;
+	/* The command name may hold spaces and parentheses: fields count from the last ')'. */
+	char *p = strrchr(buf, ')');
+	unsigned long long ut, st;
+	if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
+		return -1;
+	return (long long)(ut + st);
+}
+
+/*
+ * Progress for a kw_deadline: pid used CPU since the last call (*ticks holds
+ * what that call saw; start it at -1). A daemon that computes is not hung.
+ */
+static inline void kp_note_cpu(struct kw_deadline *w, pid_t pid, long long *ticks)
+{
+	long long t = pid > 0 ? kp_cpu_ticks(pid) : -1;
+	if (t >= 0 && t != *ticks) {
+		if (*ticks >= 0)
+			kw_progress(w);
+		*ticks = t;
+	}
 }
 
 /* NULL when io_uring works here, else why not (the daemon needs it). */
@@ -232,8 +264,12 @@ static inline int kp_start_ex(struct kvd_proc *d, const char *const *extra,
 	if (pid < 0)
 		return pid;
 	d->pid = pid;
-	for (int64_t end = kp_now_ms() + 60000; kp_now_ms() < end; kp_sleep_ms(20)) {
+	/* Loading the model takes the time it takes: only a daemon that stopped computing is late. */
+	struct kw_deadline w;
+	long long ticks = -1;
+	for (kw_start_default(&w); !kw_expired(&w); kp_sleep_ms(20)) {
 		struct kvc_conn *c;
+		kp_note_cpu(&w, pid, &ticks);
 		int st;
 		if (!kvc_connect(&c, d->sock)) {
 			kvc_close(c);
@@ -246,7 +282,8 @@ static inline int kp_start_ex(struct kvd_proc *d, const char *const *extra,
 			return -ECHILD;
 		}
 	}
-	print_message("kvd did not answer within 60 s\n");
+	print_message("kvd did not answer: %d s without using CPU, or %d s in all\n",
+		      kw_ms(KW_QUIET_MS) / 1000, kw_ms(KW_HANG_MS) / 1000);
 	kp_log_tail(d);
 	kill(pid, SIGKILL);
 	waitpid(pid, NULL, 0);
@@ -338,8 +375,11 @@ static inline void kp_bpffs_close(struct kp_bpffs *fs)
 	fs->own = 0;
 }
 
+#define KP_KILL_QUIET_MS 15000	/* scaled: a draining daemon that uses no CPU this long ignored sig */
+
 /*
- * Send sig and wait up to 15 s: the wait status (0 when it was not
+ * Send sig and wait while it drains (KP_KILL_QUIET_MS without CPU use, or
+ * KW_HANG_MS in all, both scaled): the wait status (0 when it was not
  * running), or -1 when it had to be killed. Its files stay.
  */
 static inline int kp_kill(struct kvd_proc *d, int sig)
@@ -349,9 +389,13 @@ static inline int kp_kill(struct kvd_proc *d, int sig)
 	kill(d->pid, sig);
 	int st = 0;
 	pid_t w;
-	int64_t end = kp_now_ms() + 15000;
-	while ((w = waitpid(d->pid, &st, WNOHANG)) == 0 && kp_now_ms() < end)
+	struct kw_deadline dl;
+	long long ticks = -1;
+	kw_start(&dl, KP_KILL_QUIET_MS, KW_HANG_MS);
+	while ((w = waitpid(d->pid, &st, WNOHANG)) == 0 && !kw_expired(&dl)) {
+		kp_note_cpu(&dl, d->pid, &ticks);
 		kp_sleep_ms(10);
+	}
 	if (w == 0) {
 		kill(d->pid, SIGKILL);
 		waitpid(d->pid, NULL, 0);
@@ -372,7 +416,7 @@ static inline void kp_cleanup(struct kvd_proc *d)
 	}
 }
 
-/* SIGTERM and up to 15 s to drain, then kp_cleanup(): 0 when it exited with status 0. */
+/* SIGTERM and time to drain (kp_kill()), then kp_cleanup(): 0 when it exited with status 0. */
 static inline int kp_stop(struct kvd_proc *d)
 {
 	if (!d->pid)
@@ -380,7 +424,7 @@ static inline int kp_stop(struct kvd_proc *d)
 	int st = kp_kill(d, SIGTERM);
 	int ok = st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0;
 	if (st < 0)
-		print_message("kvd ignored SIGTERM for 15 s\n");
+		print_message("kvd ignored SIGTERM (%d s without using CPU)\n", kw_ms(KP_KILL_QUIET_MS) / 1000);
 	else if (WIFSIGNALED(st))
 		print_message("kvd died of signal %d on SIGTERM instead of draining and exiting 0\n",
 			      WTERMSIG(st));
@@ -442,6 +486,53 @@ static inline int kp_asan(pid_t pid)
 	return yes;
 }
 
+/*
+ * The libkvclient connections a test holds: kp_connect() opens one and
+ * records it, kp_close() closes it, and the test's teardown calls
+ * kp_close_all(), so that a failing test (its assertion longjmps past its
+ * own kvc_close()) leaks none.
+ */
+#define KP_MAX_CONNS 64
+static inline struct kvc_conn **kp_conn_table(void)
+{
+	static struct kvc_conn *held[KP_MAX_CONNS];
+	return held;
+}
+
+/* kvc_connect(), recorded for kp_close_all(): 0 or -errno (-EMFILE when the table is full). */
+static inline int kp_connect(struct kvc_conn **out, const char *sock)
+{
+	struct kvc_conn **t = kp_conn_table();
+	int i = 0;
+	while (i < KP_MAX_CONNS && t[i])
+		i++;
+	if (i == KP_MAX_CONNS)
+		return -EMFILE;
+	int rc = kvc_connect(out, sock);
+	if (!rc)
+		t[i] = *out;
+	return rc;
+}
+
+static inline void kp_close(struct kvc_conn *c)
+{
+	struct kvc_conn **t = kp_conn_table();
+	for (int i = 0; i < KP_MAX_CONNS; i++)
+		if (t[i] == c)
+			t[i] = NULL;
+	kvc_close(c);
+}
+
+static inline void kp_close_all(void)
+{
+	struct kvc_conn **t = kp_conn_table();
+	for (int i = 0; i < KP_MAX_CONNS; i++)
+		if (t[i]) {
+			kvc_close(t[i]);
+			t[i] = NULL;
+		}
+}
+
 /* STATS through a connection of its own (which counts as one). */
 static inline int kp_stats(const struct kvd_proc *d, struct kvd_stats_rep *st)
 {
@@ -456,17 +547,48 @@ static inline int kp_stats(const struct kvd_proc *d, struct kvd_stats_rep *st)
 
 /*
  * Wait until nothing is held: no other connection, no session, no KV block
- * in use. 0, or -ETIMEDOUT with the last figures in *st.
+ * in use, for up to ms (scaled). 0, or -ETIMEDOUT with the last figures in *st.
  */
 static inline int kp_wait_idle(const struct kvd_proc *d, struct kvd_stats_rep *st, int ms)
 {
-	for (int64_t end = kp_now_ms() + ms;; kp_sleep_ms(20)) {
+	for (int64_t end = kp_now_ms() + kw_ms(ms);; kp_sleep_ms(20)) {
 		/* A daemon short of fds may refuse this connection for a moment. */
 		int rc = kp_stats(d, st);
 		if (!rc && st->connections == 1 && st->sessions == 0 && st->kv_blocks_used == 0)
 			return 0;
 		if (kp_now_ms() >= end)
 			return rc ? rc : -ETIMEDOUT;
+	}
+}
+
+/*
+ * The next CQE on c, however long a slow or sanitized daemon takes: gives
+ * up only after KW_QUIET_MS with no CQE while d (may be NULL: not watched)
+ * used no CPU either, or after KW_HANG_MS in all (both scaled), or when d
+ * is gone. 0, -ETIMEDOUT, -ECHILD, or kvc_wait()'s error.
+ */
+static inline int kp_wait_cqe(const struct kvd_proc *d, struct kvc_conn *c, struct kvd_cqe *cqe)
+{
+	struct kw_deadline w;
+	long long ticks = -1;
+	kw_start_default(&w);
+	for (;;) {
+		int left = kw_left_ms(&w);
+		int rc = kvc_wait(c, cqe, left < 1000 ? left : 1000);
+		if (rc != -ETIMEDOUT && rc != -EINTR)
+			return rc;
+		/* EPERM is a daemon alive under another uid (test_isolation's clients are not root). */
+		if (d && d->pid && kill(d->pid, 0) && errno == ESRCH) {
+			print_message("kvd (pid %d) is gone while a completion was awaited\n", (int)d->pid);
+			return -ECHILD;
+		}
+		if (d)
+			kp_note_cpu(&w, d->pid, &ticks);
+		if (kw_expired(&w)) {
+			print_message("no completion: %d s without progress, or %d s in all\n",
+				      kw_ms(KW_QUIET_MS) / 1000, kw_ms(KW_HANG_MS) / 1000);
+			return -ETIMEDOUT;
+		}
 	}
 }
 
@@ -501,9 +623,7 @@ static inline int kp_generate(const char *sock, unsigned n, const uint32_t *cons
 	}
 	for (unsigned done = 0; done < n;) {
 		struct kvd_cqe e;
-		if ((rc = kvc_wait(c, &e, 60000)) == -EINTR)
-			continue;
-		if (rc)
+		if ((rc = kp_wait_cqe(NULL, c, &e)))
 			goto out;
 		if (e.flags & KVD_CQE_MORE)
 			continue;

@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "shm/kvring.h"
+#include "tests/lib/wait.h"
 #include "tests/lib/wire.h"
 
 static int64_t wire_now_ms(void)
@@ -107,7 +108,8 @@ int wire_call(struct wire *r, void *req, size_t len, void *rep, size_t cap, int 
 	q->seq = ++r->seq;
 	if (send(r->fd, req, len, MSG_NOSIGNAL) != (ssize_t)len)
 		return -errno;
-	int n = wire_recv(r, rep, cap, fds, nfds, 5000);
+	/* A reply is a hang detector's wait, not a speed requirement (tests/lib/wait.h). */
+	int n = wire_recv(r, rep, cap, fds, nfds, kw_ms(30000));
 	if (n <= 0)
 		return n ? n : -ECONNRESET;
 	const struct kvd_msg_hdr *h = rep;
