@@ -442,25 +442,6 @@ static void test_kvctl_info_pid(void **state)
 	run_free(&r);
 }
 
-/* /proc/PID/stat: state letter and utime + stime in clock ticks. */
-static int proc_stat(pid_t pid, char *state, unsigned long long *ticks)
-{
-	char path[64], buf[1024];
-	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-	FILE *f = fopen(path, "r");
-	if (!f)
-		return -1;
-	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-	fclose(f);
-	buf[n] = 0;
-	const char *p = strrchr(buf, ')');	/* the command name may hold anything */
-	unsigned long long ut, st;
-	if (!p || sscanf(p + 2, "%c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", state, &ut, &st) != 3)
-		return -1;
-	*ticks = ut + st;
-	return 0;
-}
-
 /* Wait (no deadline but the test's own death) until path has bytes, or pid exits. */
 static int wait_output(const char *path, pid_t pid)
 {
@@ -494,14 +475,14 @@ static void test_kvctl_poll_sleeps(void **state)
 	assert_int_equal(kill(D.pid, SIGSTOP), 0);
 
 	char st;
-	unsigned long long t0 = 0, t1 = 0;
+	long long t0 = 0, t1 = 0;
 	int sleeping = 0, samples = 20, bad = 0;
 	kp_sleep_ms(100);	/* past any window */
-	bad |= proc_stat(pid, &st, &t0);
+	bad |= kp_proc_stat(pid, &st, &t0) != 0;
 	int64_t w0 = kp_now_ms();
 	for (int i = 0; i < samples && !bad; i++) {
 		kp_sleep_ms(100);
-		bad |= proc_stat(pid, &st, &t1);
+		bad |= kp_proc_stat(pid, &st, &t1) != 0;
 		sleeping += st == 'S';
 	}
 	int64_t wall_ms = kp_now_ms() - w0;

@@ -6,13 +6,7 @@
 set -u
 B=${B:-build}
 MAKE=${MAKE:-make}
-pass=0
-fail=0
-skip=0
-ok() { pass=$((pass + 1)); echo "[       OK ] $1"; }
-bad() { fail=$((fail + 1)); echo "[  FAILED  ] $1"; }
-skipped() { skip=$((skip + 1)); echo "[  SKIPPED ] $1"; }
-have() { command -v "$1" >/dev/null 2>&1; }
+. "$(dirname "$0")/lib/harness.sh"
 
 tmp=$(mktemp -d /tmp/kvd-install.XXXXXX)
 daemon_pid=
@@ -29,7 +23,7 @@ if $MAKE -s install DESTDIR="$root" PREFIX=/usr >"$tmp/install.log" 2>&1; then
 else
 	cat "$tmp/install.log"
 	bad "make install DESTDIR=... PREFIX=/usr"
-	echo "test_install: $pass passed, $fail failed"
+	summary test_install
 	exit 1
 fi
 
@@ -194,5 +188,4 @@ else
 	skipped "pkg-config client: pkg-config or cc is not installed"
 fi
 
-echo "test_install: $pass passed, $fail failed, $skip skipped"
-[ "$fail" -eq 0 ]
+summary test_install

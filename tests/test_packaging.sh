@@ -5,13 +5,7 @@
 # clearly when --backend=cuda cannot be had. Run from the repository root after `make`.
 set -u
 B=${B:-build}
-pass=0
-fail=0
-skip=0
-ok() { pass=$((pass + 1)); echo "[       OK ] $1"; }
-bad() { fail=$((fail + 1)); echo "[  FAILED  ] $1"; }
-skipped() { skip=$((skip + 1)); echo "[  SKIPPED ] $1"; }
-have() { command -v "$1" >/dev/null 2>&1; }
+. "$(dirname "$0")/lib/harness.sh"
 
 tmp=$(mktemp -d /tmp/kvd-packaging.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
@@ -47,8 +41,7 @@ backend_line() { grep -E '^kvd: (cpu|cuda) backend: ' "$1"; }
 
 if [ ! -r "$model" ]; then
 	skipped "kvd's choice of backend: no model at $model (make model)"
-	echo "test_packaging: $pass passed, $fail failed, $skip skipped"
-	[ "$fail" -eq 0 ]
+	summary test_packaging
 	exit
 fi
 if [ ! -e "$so" ]; then
@@ -59,8 +52,7 @@ if [ ! -e "$so" ]; then
 		bad "kvd built without CUDA on the CPU"
 	fi
 	skipped "loading libkvd-cuda.so: $so was not built (CUDA=0, or no nvcc on PATH at build time)"
-	echo "test_packaging: $pass passed, $fail failed, $skip skipped"
-	[ "$fail" -eq 0 ]
+	summary test_packaging
 	exit
 fi
 
@@ -163,5 +155,4 @@ else
 	skipped "objects kvd must refuse: cc is not installed"
 fi
 
-echo "test_packaging: $pass passed, $fail failed, $skip skipped"
-[ "$fail" -eq 0 ]
+summary test_packaging

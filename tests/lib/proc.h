@@ -70,23 +70,33 @@ static inline void kp_sleep_ms(int ms)
 		;
 }
 
-/* pid's CPU time in clock ticks (utime + stime of /proc/PID/stat), -1 when it is gone. */
-static inline long long kp_cpu_ticks(pid_t pid)
+/* pid's state letter (R, S, ...) and CPU time in clock ticks (utime + stime of /proc/PID/stat). */
+static inline int kp_proc_stat(pid_t pid, char *state, long long *ticks)
 {
 	char path[64], buf[1024];
 	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
 	FILE *f = fopen(path, "r");
 	if (!f)
-		return -1;
+		return -errno;
 	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
 	fclose(f);
 	buf[n] = 0;
 	/* The command name may hold spaces and parentheses: fields count from the last ')'. */
 	char *p = strrchr(buf, ')');
 	unsigned long long ut, st;
-	if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
-		return -1;
-	return (long long)(ut + st);
+	if (!p || sscanf(p + 2, "%c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", state, &ut,
+			 &st) != 3)
+		return -EPROTO;
+	*ticks = (long long)(ut + st);
+	return 0;
+}
+
+/* pid's CPU time in clock ticks, -1 when it is gone. */
+static inline long long kp_cpu_ticks(pid_t pid)
+{
+	char state;
+	long long t;
+	return kp_proc_stat(pid, &state, &t) ? -1 : t;
 }
 
 /*
