@@ -138,7 +138,7 @@ static int teardown(void **state)
 /* Prefill ids into s in chunks of the engine's row limit; logits of the last row. */
 static int prefill(struct engine_seq *s, const uint32_t *ids, uint32_t n, float *logits)
 {
-	return generate_prefill(E, s, ids, n, logits);
+	return generate_prefill(E, s, ids, n, logits, NULL);
 }
 
 static uint32_t argmax(const float *x, uint32_t n)

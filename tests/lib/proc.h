@@ -94,8 +94,8 @@ static inline int kp_proc_stat(pid_t pid, char *state, long long *ticks)
 /* pid's CPU time in clock ticks, -1 when it is gone. */
 static inline long long kp_cpu_ticks(pid_t pid)
 {
-	char state;
-	long long t;
+	char state = 0;
+	long long t = -1;
 	return kp_proc_stat(pid, &state, &t) ? -1 : t;
 }
 
