@@ -86,9 +86,14 @@ static int prompt_tokens(const struct kvd_options *o, const struct tokenizer *to
 		rc = -E2BIG;
 	} else if (!(*ids = malloc((size_t)n_prompt * sizeof(uint32_t)))) {
 		rc = -ENOMEM;
+	} else if ((rc = encode_prompt(o, tok, *ids, (size_t)n_prompt)) != n_prompt) {
+		/* The count was a dry run; the fill allocates too and may fail. */
+		free(*ids);
+		*ids = NULL;
+		rc = rc < 0 ? rc : -EIO;
 	} else {
-		encode_prompt(o, tok, *ids, (size_t)n_prompt);
 		*n = (uint32_t)n_prompt;
+		rc = 0;
 	}
 	return rc;
 }

@@ -582,7 +582,7 @@ enum sqe_bad {
 	SB_TOKEN_RANGE, SB_FLAG_BIT5, SB_FLAG_BIT15, SB_TARGET, SB_E2BIG, SB_PRIORITY,
 	SB_MAX_ZERO, SB_PROMPT_EMPTY, SB_CHAT_NO_TEXT, SB_TOP_P, SB_DECODE_PROMPT, SB_CANCEL_NONE,
 	SB_RESV, SB_SPECIAL_NO_TEXT, SB_PLAIN_SPECIAL, SB_SYSTEM_NO_CHAT, SB_SYSTEM_PAST,
-	SB_SYSTEM_OFF_ONLY, SB_PROGRESS_RESET,
+	SB_SYSTEM_OFF_ONLY, SB_PROGRESS_RESET, SB_NOP_PROGRESS, SB_CANCEL_SYSTEM, SB_DECODE_TEXT,
 };
 
 static const struct {
@@ -621,6 +621,9 @@ static const struct {
 	{ SB_SYSTEM_PAST, "a system message running off the arena", -EFAULT },
 	{ SB_SYSTEM_OFF_ONLY, "system_off without system_len", -EINVAL },
 	{ SB_PROGRESS_RESET, "KVD_SQE_PROGRESS on a RESET", -EINVAL },
+	{ SB_NOP_PROGRESS, "KVD_SQE_PROGRESS on a NOP", -EINVAL },
+	{ SB_CANCEL_SYSTEM, "a system message on a CANCEL", -EINVAL },
+	{ SB_DECODE_TEXT, "KVD_SQE_TEXT on a DECODE", -EINVAL },
 };
 
 /* q's prompt as the text "Hello" (valid as it stands), flags added to KVD_SQE_TEXT. */
@@ -675,6 +678,21 @@ static void sqe_mangle(struct wire *r, struct kvd_sqe *q, enum sqe_bad bad)
 		break;
 	case SB_SYSTEM_OFF_ONLY: text_hello(r, q, KVD_SQE_CHAT); q->system_off = 64; break;
 	case SB_PROGRESS_RESET: *q = reset_sqe(r, q->user_data, 0); q->flags = KVD_SQE_PROGRESS; break;
+	case SB_NOP_PROGRESS:
+		*q = (struct kvd_sqe){ .opcode = KVD_OP_NOP, .user_data = q->user_data,
+				       .flags = KVD_SQE_PROGRESS };
+		break;
+	case SB_CANCEL_SYSTEM:
+		*q = (struct kvd_sqe){ .opcode = KVD_OP_CANCEL, .session_id = q->session_id,
+				       .user_data = q->user_data, .target_user_data = 12345,
+				       .system_off = 64, .system_len = 4 };
+		break;
+	case SB_DECODE_TEXT:
+		q->opcode = KVD_OP_DECODE;
+		q->tokens_off = 0;
+		q->n_tokens = 0;
+		q->flags |= KVD_SQE_TEXT;
+		break;
 	}
 }
 

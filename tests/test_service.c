@@ -401,6 +401,8 @@ static void test_sighup_reload(void **state)
 	struct kvc_conn *c = NULL;
 	assert_int_equal(kp_connect(&c, S.sock), 0);
 	assert_int_equal(kvc_info(c)->max_sessions, 6);
+	/* The socket was opened by this test (as systemd would): HELLO names the daemon, not us. */
+	assert_int_equal(kvc_info(c)->daemon_pid, S.pid);
 	assert_int_equal(kvc_info(c)->kv_blocks_total, 256);
 	kp_close(c);
 	assert_true(log_has("reload: max-sessions 4 -> 6"));

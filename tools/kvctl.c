@@ -7,7 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <unistd.h>
 #include "shm/kvclient.h"
 #include "tools/common.h"
@@ -644,13 +643,8 @@ static int cmd_info(int argc, char **argv)
 		return rc;
 	const struct kvd_hello_rep *h = kvc_info(c);
 	const int js = o.json;
-	/* The daemon's pid from the socket itself: `pidof kvd` is ambiguous once two run. */
-	struct ucred cred = { 0 };
-	socklen_t cl = sizeof(cred);
-	if (getsockopt(kvc_socket_fd(c), SOL_SOCKET, SO_PEERCRED, &cred, &cl))
-		cred.pid = 0;
 	const struct { const char *name; uint64_t v; } nums[] = {
-		{ "pid", (uint64_t)cred.pid }, { "abi_version", h->abi_version }, { "vocab_size", h->vocab_size },
+		{ "pid", h->daemon_pid }, { "abi_version", h->abi_version }, { "vocab_size", h->vocab_size },
 		{ "ctx_len", h->ctx_len }, { "max_tokens", h->max_tokens },
 		{ "max_sessions", h->max_sessions }, { "max_slots", h->max_slots },
 		{ "max_sq_entries", h->max_sq_entries }, { "max_cq_entries", h->max_cq_entries },

@@ -127,7 +127,10 @@ struct kvd_hello_rep {
 	__u32	vocab_bytes;	/* size of the vocabulary memfd, 0 if none */
 	__u32	max_tokens;	/* per request: prompt plus generated */
 	__u32	max_slots;	/* sequence slots per session */
-	__u64	resv[2];	/* zero */
+	__u32	daemon_pid;	/* the daemon's pid (not the socket's opener: systemd, under
+				 * socket activation) */
+	__u32	resv0;		/* zero */
+	__u64	resv[1];	/* zero */
 };
 
 #define KVD_HELLOF_VOCAB (1U << 0) /* this reply carries one fd: the vocabulary memfd (only

@@ -49,7 +49,9 @@ KVD_PIN(struct kvd_hello_rep, flags, 160);
 KVD_PIN(struct kvd_hello_rep, vocab_bytes, 164);
 KVD_PIN(struct kvd_hello_rep, max_tokens, 168);
 KVD_PIN(struct kvd_hello_rep, max_slots, 172);
-KVD_PIN(struct kvd_hello_rep, resv, 176);
+KVD_PIN(struct kvd_hello_rep, daemon_pid, 176);
+KVD_PIN(struct kvd_hello_rep, resv0, 180);
+KVD_PIN(struct kvd_hello_rep, resv, 184);
 
 KVD_PIN_SIZE(struct kvd_vocab_hdr, 64);
 KVD_PIN(struct kvd_vocab_hdr, magic, 0);

@@ -28,6 +28,12 @@ int validate_sqe_op(const struct kvd_sqe *q)
 	if (q->opcode >= KVD_OP_LAST || (q->flags & ~KVD_SQE_FLAGS_ALL) ||
 	    q->priority > KVD_PRIO_BACKGROUND || memcmp(q->resv, resv_zero, sizeof(q->resv)))
 		return -EINVAL;
+	/* How a prompt is read means nothing to an op without one: refused, so it can mean something later. */
+	const uint32_t prompt_flags = KVD_SQE_TEXT | KVD_SQE_CHAT | KVD_SQE_PLAIN | KVD_SQE_SPECIAL |
+				      KVD_SQE_PROGRESS;
+	int has_prompt = q->opcode == KVD_OP_PREFILL || q->opcode == KVD_OP_GENERATE;
+	if (!has_prompt && ((q->flags & prompt_flags) || q->system_off || q->system_len))
+		return -EINVAL;
 	return 0;
 }
 
@@ -119,10 +125,13 @@ static int encode_text(const struct tokenizer *tok, const struct kvd_sqe *q, con
 	uint32_t *ids = malloc((size_t)cnt * sizeof(uint32_t));
 	if (!ids)
 		return -ENOMEM;
-	if (chat)
-		tokenizer_chat_encode(tok, msgs, n_msgs, flags, ids, (size_t)cnt);
-	else
-		tokenizer_encode(tok, text, len, add_bos, parse, ids, (size_t)cnt);
+	/* The count was a dry run: the fill allocates too and may fail, leaving ids unwritten. */
+	int got = chat ? tokenizer_chat_encode(tok, msgs, n_msgs, flags, ids, (size_t)cnt)
+		       : tokenizer_encode(tok, text, len, add_bos, parse, ids, (size_t)cnt);
+	if (got != cnt) {
+		free(ids);
+		return got < 0 ? got : -EIO;
+	}
 	*out = ids;
 	*n = (uint32_t)cnt;
 	return 0;

@@ -156,6 +156,7 @@ static void do_hello(struct server *srv, struct conn *c, const struct kvd_hello_
 	snprintf(r.backend, sizeof(r.backend), "%s", srv->be->ops->name);
 	r.max_tokens = srv->cfg.max_tokens;
 	r.max_slots = srv->cfg.max_slots;
+	r.daemon_pid = (uint32_t)getpid();
 	/*
 	 * The vocabulary fd goes to a connection once: every fd in an unread
 	 * reply counts against the daemon's user in the kernel (SCM_RIGHTS

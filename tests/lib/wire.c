@@ -134,7 +134,7 @@ int wire_hello(struct wire *r, uint32_t features)
 		return r->hello.hdr.status;
 	/* Senders zero reserved fields: the daemon too. */
 	return n == (int)sizeof(r->hello) && r->hello.hdr.type == KVD_MSG_HELLO &&
-	       !r->hello.resv[0] && !r->hello.resv[1] ? 0 : -EPROTO;
+	       !r->hello.resv0 && !r->hello.resv[0] ? 0 : -EPROTO;
 }
 
 /* Map the region a first SESSION_OPEN reply describes; fds (memfd, kick, call) become r's on 0. */
