@@ -1,6 +1,7 @@
 /* kvd_load.c — loader of kvd's BPF programs: open, load, attach to one kvd's USDT probes, pin, and undo all that. */
 #include <errno.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +29,7 @@ struct kvd_bpf {
 	unsigned n_links;
 	char pin_dir[256];
 	int made_dir;			/* pin_dir was created by this loader */
+	int adopted;			/* pin_dir held a dead loader's pins: kvd's, to remove when done */
 	int lock_fd;			/* pin_dir, flock()ed while this loader owns it; -1 before */
 	gid_t gid;			/* group of pin_dir and the pins, (gid_t)-1: the loader's */
 	unsigned n_pinned;		/* kvd_bpf_pinned_maps[0 .. n_pinned) are pinned */
@@ -111,13 +113,49 @@ static int busy(const char *dir, char *err, size_t len)
 	return fail(err, len, -EBUSY, "%s is in use by another loader, which is running", dir);
 }
 
+/* Whether the pin at path is a map called name: a dead loader's, not something else of that name. */
+static int is_kvd_map(const char *path, const char *name)
+{
+	struct bpf_map_info info;
+	__u32 len = sizeof(info);
+	memset(&info, 0, sizeof(info));
+	int fd = bpf_obj_get(path);
+	if (fd < 0)
+		return 0;
+	int ok = !bpf_obj_get_info_by_fd(fd, &info, &len) && len >= offsetof(struct bpf_map_info, name) +
+		 sizeof(info.name) && !strncmp(info.name, name, sizeof(info.name));
+	close(fd);
+	return ok;
+}
+
+/*
+ * Pins left without an owner (SIGKILL) are removed: kvd's own map names
+ * alone, and only where they are kvd's maps, as the directory may be anyone's
+ * ($KVD_BPF_PIN_DIR). A directory that held them was kvd's.
+ */
+static int clear_stale(struct kvd_bpf *b, char *err, size_t len)
+{
+	char path[320];
+	for (const char *const *n = kvd_bpf_pinned_maps; *n; n++) {
+		if (pin_path(path, sizeof(path), b->pin_dir, *n))
+			return fail(err, len, -ENAMETOOLONG, "pin directory name too long");
+		if (access(path, F_OK) && errno == ENOENT)
+			continue;
+		if (!is_kvd_map(path, *n))
+			return fail(err, len, -EEXIST, "%s is in the way and is not a kvd map: not removed", path);
+		if (unlink(path) && errno != ENOENT)
+			return fail(err, len, -errno, "cannot remove stale pin %s: %s", path, strerror(errno));
+		b->adopted = 1;
+	}
+	return 0;
+}
+
 /*
  * Own pin_dir: an exclusive flock() on it, held until unload, so a second
  * loader on the same directory (a second daemon of the same instance) is
  * refused rather than clobbering the pins, and a dead one's lock goes with
- * it. Pins left without an owner (SIGKILL) are removed. The lock must be on
- * the directory the path names now: an owner that unloads removes it
- * before letting go.
+ * it. The lock must be on the directory the path names now: an owner that
+ * unloads removes it before letting go.
  */
 static int take_dir(struct kvd_bpf *b, char *err, size_t len)
 {
@@ -129,6 +167,8 @@ static int take_dir(struct kvd_bpf *b, char *err, size_t len)
 		if (flock(fd, LOCK_EX | LOCK_NB)) {
 			int e = errno;
 			close(fd);
+			/* Made here or not, the directory is the lock holder's now: not ours to remove. */
+			b->made_dir = 0;
 			return e == EWOULDBLOCK ? busy(b->pin_dir, err, len)
 						: fail(err, len, -e, "flock %s: %s", b->pin_dir, strerror(e));
 		}
@@ -140,16 +180,11 @@ static int take_dir(struct kvd_bpf *b, char *err, size_t len)
 		if (mkdir(b->pin_dir, 0750) == 0)
 			b->made_dir = 1;
 	}
-	if (b->lock_fd < 0)
+	if (b->lock_fd < 0) {
+		b->made_dir = 0;
 		return fail(err, len, -EBUSY, "%s keeps being replaced", b->pin_dir);
-	char path[320];
-	for (const char *const *n = kvd_bpf_pinned_maps; *n; n++) {
-		if (pin_path(path, sizeof(path), b->pin_dir, *n))
-			return fail(err, len, -ENAMETOOLONG, "pin directory name too long");
-		if (unlink(path) && errno != ENOENT)
-			return fail(err, len, -errno, "cannot remove stale pin %s: %s", path, strerror(errno));
 	}
-	return 0;
+	return clear_stale(b, err, len);
 }
 
 /* mkdir pin_dir, and its parent (KVD_PIN_DIR itself) when that is missing on a bpf file system. */
@@ -201,8 +236,12 @@ static int prepare_dir(struct kvd_bpf *b, char *err, size_t len)
 			    b->pin_dir);
 	if ((rc = take_dir(b, err, len)))
 		return rc;
-	/* Readers in the socket's group may list the directory and read the pins (pin_all), nobody else. */
-	if ((b->gid != (gid_t)-1 && fchown(b->lock_fd, (uid_t)-1, b->gid)) || fchmod(b->lock_fd, 0750))
+	/*
+	 * Readers in the socket's group may list the directory and read the pins (pin_all), nobody
+	 * else; a directory kvd did not make (KVD_BPF_PIN_DIR=/sys/fs/bpf) keeps the mode its owner gave.
+	 */
+	if (b->made_dir && ((b->gid != (gid_t)-1 && fchown(b->lock_fd, (uid_t)-1, b->gid)) ||
+			    fchmod(b->lock_fd, 0750)))
 		return fail(err, len, -errno, "cannot give %s to group %u: %s", b->pin_dir, (unsigned)b->gid,
 			    strerror(errno));
 	return 0;
@@ -238,8 +277,7 @@ static int pin_all(struct kvd_bpf *b, pid_t pid, char *err, size_t len)
 	__u32 zero = 0;
 	if (bpf_map_update_elem(bpf_map__fd(b->skel->maps.meta), &zero, &m, 0))
 		return fail(err, len, -errno, "cannot write the meta map: %s", strerror(errno));
-	for (; kvd_bpf_pinned_maps[b->n_pinned]; b->n_pinned++) {
-		const char *name = kvd_bpf_pinned_maps[b->n_pinned];
+	for (const char *name; (name = kvd_bpf_pinned_maps[b->n_pinned]);) {
 		struct bpf_map *map = bpf_object__find_map_by_name(b->skel->obj, name);
 		char path[320];
 		if (!map)
@@ -249,6 +287,8 @@ static int pin_all(struct kvd_bpf *b, pid_t pid, char *err, size_t len)
 		int rc = bpf_map__pin(map, path);
 		if (rc)
 			return fail(err, len, rc, "cannot pin %s: %s", path, strerror(-rc));
+		/* Counted before anything else can fail: unload unpins it. */
+		b->n_pinned++;
 		/* Pins are 0600 by default; kvtop only reads (BPF_F_RDONLY), which the group's r bit allows. */
 		if ((b->gid != (gid_t)-1 && chown(path, (uid_t)-1, b->gid)) || chmod(path, 0640))
 			return fail(err, len, -errno, "cannot give %s to group %u: %s", path, (unsigned)b->gid,
@@ -311,8 +351,11 @@ void kvd_bpf_unload(struct kvd_bpf *b)
 		if (!pin_path(path, sizeof(path), b->pin_dir, kvd_bpf_pinned_maps[i]))
 			unlink(path);
 	}
-	/* Ours, or emptied of stale pins: gone when nothing else is in it (rmdir fails otherwise). */
-	if (b->made_dir || b->n_pinned)
+	/*
+	 * Made here, or a dead loader's: gone when nothing else is in it (rmdir fails otherwise). One
+	 * that was there already, without kvd's pins, is its owner's to keep.
+	 */
+	if (b->made_dir || b->adopted)
 		rmdir(b->pin_dir);
 	/* After the rmdir: a loader waiting for the directory finds it gone and makes its own. */
 	if (b->lock_fd >= 0)

@@ -253,10 +253,24 @@ static int join(char *out, size_t len, const char *dir, int dir_len, const char 
 	return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
 }
 
-/* The source tree kvd was built in: the nearest ancestor of its binary's folder with a models/ folder. */
+/* Whether dir is kvd's source tree: an installed /usr/bin/kvd must not take /usr for one. */
+static int is_source_tree(const char *dir)
+{
+	char path[CONFIG_PATH_MAX];
+	struct stat st;
+	return !join(path, sizeof(path), dir, -1, "Makefile") && !stat(path, &st) &&
+	       S_ISREG(st.st_mode) && !join(path, sizeof(path), dir, -1, "daemon/main.c") &&
+	       !stat(path, &st) && S_ISREG(st.st_mode);
+}
+
+/*
+ * models/ in the source tree kvd was built in: the nearest of its binary's
+ * three closest ancestors that is one, with or without models/ yet (the
+ * message then names where `make model` puts it); -ENOENT outside one.
+ */
 static int source_models(char *out, size_t len)
 {
-	char dir[CONFIG_PATH_MAX], first[CONFIG_PATH_MAX] = "";
+	char dir[CONFIG_PATH_MAX];
 	ssize_t n = readlink("/proc/self/exe", dir, sizeof(dir) - 1);
 	if (n <= 0)
 		return -ENOENT;
@@ -265,24 +279,12 @@ static int source_models(char *out, size_t len)
 	if (!slash || slash == dir)
 		return -ENOENT;
 	*slash = 0;	/* the binary's folder: build/ */
-	for (int up = 0; up < 3 && (slash = strrchr(dir, '/')); up++) {
+	for (int up = 0; up < 3 && (slash = strrchr(dir, '/')) && slash != dir; up++) {
 		*slash = 0;
-		struct stat st;
-		if (join(out, len, dir, -1, "models"))
-			return -ENAMETOOLONG;
-		if (!first[0] && join(first, sizeof(first), dir, -1, "models"))
-			return -ENAMETOOLONG;
-		if (!stat(out, &st) && S_ISDIR(st.st_mode))
-			return 0;
-		if (slash == dir)
-			break;
+		if (is_source_tree(dir))
+			return join(out, len, dir, -1, "models");
 	}
-	/* None: name the place a checkout would have it (build/../models), for the message. */
-	size_t fl = strlen(first);
-	if (!fl || fl >= len)
-		return -ENOENT;
-	memcpy(out, first, fl + 1);
-	return 0;
+	return -ENOENT;
 }
 
 int config_model_places(char (*places)[CONFIG_PATH_MAX])

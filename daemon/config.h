@@ -66,8 +66,9 @@ struct kvd_options {
  * (CONFIG_MODEL_PLACES, each CONFIG_PATH_MAX): $STATE_DIRECTORY/models (systemd's
  * StateDirectory=; /var/lib/kvd/models without it), config_datadir/models
  * (where `make install` puts the model), then models/ in the source tree the
- * running kvd was built in (the nearest of its binary's ancestors holding a
- * models/ folder: build/kvd, build/asan/kvd), each followed by
+ * running kvd was built in (the nearest of its binary's ancestors holding
+ * kvd's Makefile and daemon/main.c: build/kvd, build/asan/kvd; none for an
+ * installed /usr/bin/kvd), each followed by
  * CONFIG_MODEL_FILE. Never the current directory: kvd finds the same model
  * wherever it is started. Returns how many were written.
  */

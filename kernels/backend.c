@@ -53,7 +53,7 @@ enum kb_kind backend_choose(enum kb_kind want, int cuda_built, int n_devices, ch
 #ifndef KVD_BACKEND_LIBDIR
 #define KVD_BACKEND_LIBDIR "/usr/local/lib/kvd"
 #endif
-/* Directories longer than this are not searched (the messages must hold three). */
+/* Directories this long or longer are not searched (the messages must hold three). */
 #define DIR_MAX 512
 
 static struct {
@@ -76,13 +76,29 @@ static void exe_dir(char *dir, size_t len)
 		dir[0] = '\0';
 }
 
+/*
+ * One directory to search, in dir; 0, or -ENAMETOOLONG with dir holding the note that says why
+ * it is not searched. A cut path names another directory, where a foreign object could be.
+ */
+static int put_dir(char *dir, const char *base, const char *tail)
+{
+	int n = snprintf(dir, DIR_MAX, "%s%s", base, tail);
+	if (n >= 0 && n < DIR_MAX)
+		return 0;
+	snprintf(dir, DIR_MAX, "%.64s... (not searched: %d characters, kvd searches up to %d)", base,
+		 n, DIR_MAX - 1);
+	return -ENAMETOOLONG;
+}
+
 /* The object in dir, dlopened and checked; 0, -ENOENT when dir holds none, or -ELIBACC with why filled. */
 static int load_from(const char *dir)
 {
 	char *path = cuda_so.path;
-	if (strlen(dir) >= DIR_MAX)
+	int len = snprintf(path, sizeof(cuda_so.path), "%s/%s", dir, KB_CUDA_SONAME);
+	if (len < 0 || (size_t)len >= sizeof(cuda_so.path)) {
+		path[0] = '\0';
 		return -ENOENT;
-	snprintf(path, sizeof(cuda_so.path), "%s/%s", dir, KB_CUDA_SONAME);
+	}
 	if (access(path, F_OK))
 		return -ENOENT;
 	/* The log names the file itself, not the way there (bin/../lib/kvd). */
@@ -133,25 +149,34 @@ static void load_once(void)
 		return;
 	}
 	char dirs[3][DIR_MAX], tried[3 * DIR_MAX + 8] = "";
-	int n = 0;
+	int n = 0, cut[3] = { 0 };
 	/* secure_getenv: a set-id kvd takes no code from its caller's environment. */
 	const char *env = secure_getenv("KVD_BACKEND_DIR");
 	if (env && env[0]) {
-		snprintf(dirs[n++], DIR_MAX, "%s", env);
+		cut[n] = put_dir(dirs[n], env, "");
+		n++;
 	} else {
-		exe_dir(dirs[n], DIR_MAX);
-		if (dirs[n][0]) {
-			snprintf(dirs[n + 1], DIR_MAX, "%.*s/../lib/kvd", DIR_MAX - 16, dirs[n]);
+		char self[PATH_MAX];
+		exe_dir(self, sizeof(self));
+		if (self[0]) {
+			cut[n] = put_dir(dirs[n], self, "");
+			cut[n + 1] = put_dir(dirs[n + 1], self, "/../lib/kvd");
 			n += 2;
 		}
-		snprintf(dirs[n++], DIR_MAX, "%s", KVD_BACKEND_LIBDIR);
+		cut[n] = put_dir(dirs[n], KVD_BACKEND_LIBDIR, "");
+		n++;
 	}
 	for (int i = 0; i < n; i++) {
-		int rc = load_from(dirs[i]);
+		int rc = cut[i] ? -ENOENT : load_from(dirs[i]);
 		if (rc != -ENOENT)
 			return;
-		size_t used = strlen(tried);
-		snprintf(tried + used, sizeof(tried) - used, "%s%s", used ? ", " : "", dirs[i]);
+		/* Three long names whole would push the reason out of the caller's line: head and tail. */
+		size_t used = strlen(tried), len = strlen(dirs[i]);
+		if (cut[i] || len <= 128)
+			snprintf(tried + used, sizeof(tried) - used, "%s%s", used ? ", " : "", dirs[i]);
+		else
+			snprintf(tried + used, sizeof(tried) - used, "%s%.64s...%s", used ? ", " : "",
+				 dirs[i], dirs[i] + len - 48);
 	}
 	snprintf(cuda_so.why, sizeof(cuda_so.why), "no %s in %s%s", KB_CUDA_SONAME, tried,
 		 env && env[0] ? " (KVD_BACKEND_DIR)" : "");
@@ -160,8 +185,12 @@ static void load_once(void)
 const struct kb_cuda_api *backend_cuda_load(char *why, size_t whylen, const char **path)
 {
 	pthread_once(&cuda_so.once, load_once);
-	if (!cuda_so.api)
-		snprintf(why, whylen, "%s", cuda_so.why);
+	if (!cuda_so.api && whylen) {
+		/* A caller's short buffer takes the reason's start; the message says it all first. */
+		size_t len = strnlen(cuda_so.why, whylen - 1);
+		memcpy(why, cuda_so.why, len);
+		why[len] = '\0';
+	}
 	if (path)
 		*path = cuda_so.path;
 	return cuda_so.api;

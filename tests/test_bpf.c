@@ -625,6 +625,119 @@ static void check_nobody(const struct kvd_proc *a, const struct kvd_proc *b, uid
 }
 
 /* The daemons of the instance tests: whatever an assertion left running is stopped by the teardown. */
+/* A map pinned at dir/name that is not kvd's: 0, or -errno. */
+static int pin_foreign(const char *dir, const char *name)
+{
+	char path[192];
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	int fd = bpf_map_create(BPF_MAP_TYPE_ARRAY, "foreign", 4, 4, 1, NULL);
+	if (fd < 0)
+		return -errno;
+	int rc = bpf_obj_pin(fd, path) ? -errno : 0;
+	close(fd);
+	return rc;
+}
+
+/* The log of d, NUL-terminated, into buf. */
+static void read_log(const struct kvd_proc *d, char *buf, size_t cap)
+{
+	buf[0] = 0;
+	FILE *f = fopen(d->log, "r");
+	if (f) {
+		buf[fread(buf, 1, cap - 1, f)] = 0;
+		fclose(f);
+	}
+}
+
+/* The foreign directory of test_foreign_dir, static so that a failed test's teardown removes it. */
+static char foreign_dir[128];
+
+static int teardown_foreign(void **state)
+{
+	(void)state;
+	kp_cleanup(&q);
+	if (foreign_dir[0]) {
+		const char *names[] = { "foreign", "pool", "counters", "hists", "uids", "meta" };
+		char path[192];
+		for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+			snprintf(path, sizeof(path), "%s/%s", foreign_dir, names[i]);
+			unlink(path);
+		}
+		rmdir(foreign_dir);
+		foreign_dir[0] = 0;
+	}
+	return 0;
+}
+
+/*
+ * $KVD_BPF_PIN_DIR naming a directory kvd did not make: its mode, owner and
+ * other pins are its owner's, before, during and after; a pin of one of
+ * kvd's names that is no kvd map is in the way, not stale.
+ */
+static void test_foreign_dir(void **state)
+{
+	(void)state;
+	SKIP_UNLESS_BPF();
+	snprintf(foreign_dir, sizeof(foreign_dir), "%s/kvd-test-foreign-%d", fs.base, (int)getpid());
+	assert_int_equal(mkdir(foreign_dir, 0700), 0);
+	assert_int_equal(chmod(foreign_dir, 0700), 0);
+	assert_int_equal(pin_foreign(foreign_dir, "foreign"), 0);
+	struct stat before, st;
+	assert_int_equal(stat(foreign_dir, &before), 0);
+	uid_t nuid;
+	gid_t gid;
+	char group[64];
+	const char *on[] = { "--bpf=on", "--kv-blocks", "16", "--threads", "1", "--socket-group", group, NULL };
+	if (nobody_ids(&nuid, &gid, group, sizeof(group)) || gid == before.st_gid) {
+		gid = (gid_t)-1;
+		on[5] = NULL;	/* no other group here: the modes alone are checked */
+	}
+	assert_int_equal(kp_start_ex(&q, on, kp_pin_dir_env, foreign_dir), 0);
+	struct kvd_meta m;
+	__u32 zero = 0;
+	assert_int_equal(read_one(foreign_dir, "meta", &zero, &m), 0);
+	assert_int_equal(m.daemon_pid, (__u32)q.pid);
+	assert_int_equal(stat(foreign_dir, &st), 0);
+	assert_int_equal(st.st_mode & 07777, 0700);
+	assert_int_equal(st.st_uid, before.st_uid);
+	assert_int_equal(st.st_gid, before.st_gid);
+	/* kvd's own pins still go to the socket's group. */
+	static const char *const maps[] = { "counters", "pool", "hists", "uids", "meta" };
+	char path[192];
+	for (size_t i = 0; i < sizeof(maps) / sizeof(maps[0]); i++) {
+		snprintf(path, sizeof(path), "%s/%s", foreign_dir, maps[i]);
+		assert_int_equal(stat(path, &st), 0);
+		assert_int_equal(st.st_mode & 07777, 0640);
+		if (gid != (gid_t)-1)
+			assert_int_equal(st.st_gid, gid);
+	}
+	assert_int_equal(kp_stop(&q), 0);
+	/* Unpinned, and the directory left as it was, the foreign pin in it. */
+	snprintf(path, sizeof(path), "%s/meta", foreign_dir);
+	assert_int_equal(access(path, F_OK), -1);
+	assert_int_equal(stat(foreign_dir, &st), 0);
+	assert_int_equal(st.st_mode & 07777, 0700);
+	assert_int_equal(st.st_uid, before.st_uid);
+	assert_int_equal(st.st_gid, before.st_gid);
+	snprintf(path, sizeof(path), "%s/foreign", foreign_dir);
+	assert_int_equal(access(path, F_OK), 0);
+
+	/* A "pool" that is not kvd's: refused by name, and left there. */
+	assert_int_equal(pin_foreign(foreign_dir, "pool"), 0);
+	const char *only[] = { "--bpf=on", "--kv-blocks", "16", "--threads", "1", NULL };
+	assert_int_equal(kp_start_ex(&q, only, kp_pin_dir_env, foreign_dir), -ECHILD);
+	char log[8192];
+	read_log(&q, log, sizeof(log));
+	snprintf(path, sizeof(path), "%s/pool is in the way and is not a kvd map", foreign_dir);
+	if (!strstr(log, path))
+		fail_msg("kvd did not say '%s':\n%s", path, log);
+	kp_cleanup(&q);
+	snprintf(path, sizeof(path), "%s/pool", foreign_dir);
+	assert_int_equal(access(path, F_OK), 0);
+	snprintf(path, sizeof(path), "%s/foreign", foreign_dir);
+	assert_int_equal(access(path, F_OK), 0);
+}
+
 static struct kvd_proc inst_a, inst_b;
 
 static int teardown_pair(void **state)
@@ -889,6 +1002,7 @@ int main(void)
 	const struct CMUnitTest alone[] = {
 		cmocka_unit_test_teardown(test_unpinned_on_exit, teardown_own),
 		cmocka_unit_test_teardown(test_kvtop_attach, teardown_own),
+		cmocka_unit_test_teardown(test_foreign_dir, teardown_foreign),
 		cmocka_unit_test_teardown(test_perf_sdt, teardown_own),
 		cmocka_unit_test(test_pin_names),
 		cmocka_unit_test_teardown(test_two_daemons, teardown_pair),

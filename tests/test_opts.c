@@ -374,7 +374,9 @@ static void copy_bin(const char *path)
  * A kvd outside any source tree, with an empty state directory: it names
  * every place it looked, and how to get a model. Run from the repository
  * root, whose models/ holds the model: the current directory is not one of
- * the places.
+ * the places. An ancestor of its binary is no source tree for having a
+ * models/ (an installed /usr/bin/kvd and /usr/models); one with kvd's
+ * Makefile and daemon/main.c is, models/ or not.
  */
 static void test_no_model_anywhere(void **state)
 {
@@ -395,6 +397,9 @@ static void test_no_model_anywhere(void **state)
 		skip();
 	}
 	snprintf(places[2], sizeof(places[2]), "%s/models/%s", TMP, CONFIG_MODEL_FILE);
+	char models[160];
+	snprintf(models, sizeof(models), "%s/models", TMP);
+	assert_int_equal(mkdir(models, 0755), 0);
 	strcat(bin, "/kvd");
 	copy_bin(bin);
 	const char *const argv[] = { bin, "--info", NULL };
@@ -402,11 +407,29 @@ static void test_no_model_anywhere(void **state)
 	struct run r;
 	run_kvd(argv, &h, &r);
 	expect_exit(&r, 1);
+	for (int i = 0; i < 2; i++)
+		if (!strstr(r.err, places[i]))
+			fail_msg("the message does not name %s:\n%s", places[i], r.err);
+	if (strstr(r.err, models))
+		fail_msg("the message names %s, in no source tree:\n%s", models, r.err);
+	assert_non_null(strstr(r.err, "make model"));
+	assert_non_null(strstr(r.err, "--model PATH"));
+	run_free(&r);
+
+	/* Made a source tree, without a model yet: its models/ is where `make model` puts one. */
+	char path[192];
+	rmdir(models);
+	snprintf(path, sizeof(path), "%s/Makefile", TMP);
+	close(open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644));
+	snprintf(path, sizeof(path), "%s/daemon", TMP);
+	assert_int_equal(mkdir(path, 0755), 0);
+	strcat(path, "/main.c");
+	close(open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644));
+	run_kvd(argv, &h, &r);
+	expect_exit(&r, 1);
 	for (int i = 0; i < n; i++)
 		if (!strstr(r.err, places[i]))
 			fail_msg("the message does not name %s:\n%s", places[i], r.err);
-	assert_non_null(strstr(r.err, "make model"));
-	assert_non_null(strstr(r.err, "--model PATH"));
 	run_free(&r);
 
 	const char *const pc[] = { bin, "--print-config", NULL };

@@ -101,6 +101,40 @@ else
 	cat "$tmp/empty.log"
 	bad "KVD_BACKEND_DIR without the object"
 fi
+# A directory too long to name whole is not searched at all: cut, its path would name another
+# one. Its first 511 characters are a real directory that holds the object, so a cut search loads it.
+long=$tmp/long
+while [ ${#long} -lt 520 ]; do long=$long/dddddddddddddddddddddddddddddd; done
+cut=$(printf '%.511s' "$long")
+cut=${cut%/}
+if mkdir -p "$cut" && cp "$so" "$cut/"; then
+	want="cpu backend: auto, CUDA backend not loadable: no libkvd-cuda.so in $(printf '%.64s' "$long")... (not searched: ${#long} characters, kvd searches up to 511) (KVD_BACKEND_DIR)"
+	if KVD_BACKEND_DIR=$long kvd_run "$tmp/long.log" "$B/kvd" && grep -qF "kvd: $want" "$tmp/long.log"; then
+		ok "an over-long KVD_BACKEND_DIR is not searched, and the log says why"
+	else
+		cat "$tmp/long.log"
+		bad "an over-long KVD_BACKEND_DIR: wanted '$want'"
+	fi
+else
+	bad "could not make $cut"
+fi
+# The same for a binary in a directory short enough to search, but too long for its ../lib/kvd.
+far=$tmp/far
+while [ ${#far} -lt 505 ]; do far=$far/d; done
+cut=$(printf '%.496s' "$far")
+if [ -e /usr/local/lib/kvd/libkvd-cuda.so ] || [ -e /usr/lib/kvd/libkvd-cuda.so ]; then
+	skipped "a binary too deep for its ../lib/kvd: one is installed on this machine and would be found"
+elif mkdir -p "$far" "$cut/../lib/kvd" && cp "$B/kvd" "$far/" && cp "$so" "$cut/../lib/kvd/"; then
+	want="CUDA backend not loadable: no libkvd-cuda.so in $(printf '%.64s' "$far")...$(printf '%s' "$far" | tail -c 48), $(printf '%.64s' "$far")... (not searched: $((${#far} + 11)) characters, kvd searches up to 511), "
+	if kvd_run "$tmp/far.log" "$far/kvd" && backend_line "$tmp/far.log" | grep -qF "$want"; then
+		ok "a binary too deep for its ../lib/kvd does not search it, and the log says why"
+	else
+		cat "$tmp/far.log"
+		bad "a binary too deep for its ../lib/kvd: wanted '$want'"
+	fi
+else
+	bad "could not make $far"
+fi
 rm "$tmp/root/usr/lib/kvd/libkvd-cuda.so"
 if [ -e /usr/local/lib/kvd/libkvd-cuda.so ] || [ -e /usr/lib/kvd/libkvd-cuda.so ]; then
 	skipped "kvd moved away from its object: one is installed on this machine and would be found"
