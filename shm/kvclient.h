@@ -187,7 +187,8 @@ int kvc_ack(struct kvc_conn *c);
 /*
  * kvd's meaning of a -errno (a CQE's res, a call's return) as one short
  * static string, following uapi/kvd.h's "Conventions" ("prompt plus
- * max_tokens exceed the context length" for -E2BIG); strerror()'s text
+ * max_tokens exceed the context length or the per-request limit" for
+ * -E2BIG: cqe.aux > HELLO ctx_len says the context); strerror()'s text
  * for codes kvd gives no meaning of its own. A positive err is read as -err.
  */
 const char *kvc_strerror(int err);
@@ -352,10 +353,20 @@ struct kvc_text_opts {
  * KVD_FEAT_SYSTEM; PLAIN, SPECIAL: KVD_FEAT_PLAIN_TEXT; PROGRESS:
  * KVD_FEAT_PROGRESS) give -EOPNOTSUPP before anything is sent.
  *
+ * When fn or o->cancel stopped the request, the call also takes its
+ * CANCEL's CQE (user_data + 1) before it returns, so none is left behind
+ * for a later call to take as its own final one: calls numbered 1, 2, 3...
+ * on one connection never see each other's completions.
+ *
  * Returns the final CQE's res: tokens produced, or positions cached for a
  * prefill, or -errno when the request failed (kvc_strerror() says why);
- * or -errno of the connection (out then says nothing). out (may be NULL)
- * gets the final CQE's flags and aux.
+ * or -errno of the connection (kvc_wait()'s or kvc_submit()'s; out then
+ * says nothing). The arena room is given back once the request is over,
+ * or when the daemon went away (-ECONNRESET, -EPIPE: nothing writes there
+ * any more). After any other error of the connection (-EIO, ...) the
+ * request may still run and write its tokens: its room stays taken, and
+ * only kvc_close() (or kvc_arena_reset() once its final CQE was taken by
+ * hand) frees it. out (may be NULL) gets the final CQE's flags and aux.
  */
 struct kvc_text_result {
 	uint32_t	flags;		/* KVD_CQE_*: EOS, LENGTH, CANCELLED, SHUTDOWN, PREFIX_HIT */

@@ -18,7 +18,8 @@ const char *kvc_strerror(int err)
 	case EMSGSIZE:	return "a control message longer than the daemon takes";
 	case EFAULT:	return "an offset and length that do not lie inside the shared arena";
 	case ERANGE:	return "a token id outside the model's vocabulary";
-	case E2BIG:	return "prompt plus max_tokens exceed the context length";
+	case E2BIG:	return "prompt plus max_tokens exceed the context length or the "
+			       "per-request limit";
 	case ENOENT:	return "no such session or sequence slot (connecting: no socket at that path)";
 	case EBUSY:	return "too many requests in flight for this connection or uid";
 	case ENOSPC:	return "the KV-cache pool cannot hold the request (or the shared arena is full)";
@@ -93,6 +94,11 @@ struct text_run {
 	kvc_text_fn		fn;
 	void			*user;
 	int			stop;		/* fn asked to cancel */
+	int			cancel_sent;	/* our CANCEL is in the SQ: its CQE will come */
+	int			cancel_done;	/* and we took it */
+	int			over;		/* the request's final CQE was taken */
+	int			res;		/* its res */
+	struct kvc_text_result	fin;		/* its flags and aux */
 };
 
 /* Pass the tokens out[done, upto) to fn, whole characters only. */
@@ -116,50 +122,67 @@ static void text_emit(struct text_run *r, uint32_t upto)
 }
 
 /* Cancel the request once; 0, or -errno of the submit (-EAGAIN: try again later). */
-static int text_cancel(struct kvc_conn *c, const struct kvd_sqe *q, int *sent)
+static int text_cancel(struct text_run *r, const struct kvd_sqe *q)
 {
 	struct kvd_sqe cq;
-	if (*sent)
+	if (r->cancel_sent)
 		return 0;
 	kvc_prep_cancel(&cq, q->session_id, q->user_data + 1, q->user_data);
-	int err = kvc_submit(c, &cq);
-	*sent = !err;
+	int err = kvc_submit(r->c, &cq);
+	r->cancel_sent = !err;
 	return err == -EAGAIN ? 0 : err;
 }
 
-/* Take CQEs until the request's final one; its res, or -errno of the connection. */
-static int text_loop(struct text_run *r, const struct kvd_sqe *q, const struct kvc_text_opts *o,
-		     struct kvc_text_result *res)
+/* One CQE of ours: tokens to fn, progress to o->progress; the final one ends the request. */
+static void text_cqe(struct text_run *r, const struct kvd_cqe *e, const struct kvc_text_opts *o)
 {
-	int cancel_sent = 0;
+	if (e->flags & KVD_CQE_PROGRESS) {
+		if (o->progress)
+			o->progress(r->user, (uint32_t)(e->res > 0 ? e->res : 0), e->aux);
+		return;
+	}
+	if (e->res >= 0 && r->max_tokens)
+		text_emit(r, (e->flags & KVD_CQE_MORE) ? e->n_out : (uint32_t)e->res);
+	if (e->flags & KVD_CQE_MORE)
+		return;
+	r->over = 1;
+	r->res = e->res;
+	r->fin.flags = e->flags;
+	r->fin.aux = e->aux;
+}
+
+/*
+ * Take CQEs until the request's final one and, once a CANCEL went out,
+ * the CANCEL's own too: left in the CQ, it would pass for the final CQE
+ * of a later call whose user_data is this one's + 1. Returns 0 (r->res
+ * is the request's), or -errno of the connection.
+ */
+static int text_loop(struct text_run *r, const struct kvd_sqe *q, const struct kvc_text_opts *o)
+{
 	for (;;) {
 		struct kvd_cqe e;
 		int err;
-		if ((r->stop || (o->cancel && *o->cancel)) &&
-		    (err = text_cancel(r->c, q, &cancel_sent)))
+		if (r->over && (!r->cancel_sent || r->cancel_done))
+			return 0;
+		if (!r->over && (r->stop || (o->cancel && *o->cancel)) && (err = text_cancel(r, q)))
 			return err;
 		err = kvc_wait(r->c, &e, KVC_TEXT_SLICE_MS);
 		if (err == -ETIMEDOUT || err == -EINTR)
 			continue;
 		if (err)
 			return err;
-		if (e.user_data != q->user_data)
-			continue;	/* our CANCEL's, or another request's */
-		if (e.flags & KVD_CQE_PROGRESS) {
-			if (o->progress)
-				o->progress(r->user, (uint32_t)(e.res > 0 ? e.res : 0), e.aux);
-			continue;
-		}
-		if (e.res >= 0 && r->max_tokens)
-			text_emit(r, (e.flags & KVD_CQE_MORE) ? e.n_out : (uint32_t)e.res);
-		if (e.flags & KVD_CQE_MORE)
-			continue;
-		if (res) {
-			res->flags = e.flags;
-			res->aux = e.aux;
-		}
-		return e.res;
+		if (r->cancel_sent && e.user_data == q->user_data + 1)
+			r->cancel_done = 1;
+		else if (e.user_data == q->user_data && !r->over)
+			text_cqe(r, &e, o);
+		/* else another request's: dropped */
 	}
+}
+
+/* Whether the daemon is gone from c, so nothing writes into its arena any more. */
+static int conn_dead(int err)
+{
+	return err == -ECONNRESET || err == -EPIPE;
 }
 
 int kvc_generate_text(struct kvc_conn *c, uint32_t session, uint32_t slot, const char *text,
@@ -183,17 +206,23 @@ int kvc_generate_text(struct kvc_conn *c, uint32_t session, uint32_t slot, const
 	int rc = text_prep(c, session, slot, text, len, o, &sqe);
 	if (!rc)
 		rc = kvc_submit(c, &sqe);
-	if (!rc) {
-		struct text_run r = {
-			.c = c, .out = (const uint32_t *)(kvc_arena(c, NULL) + sqe.out_off),
-			.max_tokens = o->max_tokens, .fn = fn, .user = user,
-		};
-		rc = text_loop(&r, &sqe, o, out);
-		char tail[3];
-		size_t n = kvc_utf8_flush(&r.u, tail);
-		if (n && fn && !r.stop)
-			fn(user, tail, n);
+	if (rc) {
+		kvc__arena_release(c, mark);	/* nothing was sent */
+		return rc;
 	}
-	kvc__arena_release(c, mark);
-	return rc;
+	struct text_run r = {
+		.c = c, .out = (const uint32_t *)(kvc_arena(c, NULL) + sqe.out_off),
+		.max_tokens = o->max_tokens, .fn = fn, .user = user,
+	};
+	rc = text_loop(&r, &sqe, o);
+	char tail[3];
+	size_t n = kvc_utf8_flush(&r.u, tail);
+	if (n && fn && !r.stop)
+		fn(user, tail, n);
+	if (!rc && out)
+		*out = r.fin;
+	/* A request that may still run writes into its output room: keep it. */
+	if (r.over || conn_dead(rc))
+		kvc__arena_release(c, mark);
+	return rc ? rc : r.res;
 }

@@ -186,6 +186,7 @@ static void test_strerror(void **state)
 {
 	(void)state;
 	assert_non_null(strstr(kvc_strerror(-E2BIG), "context length"));
+	assert_non_null(strstr(kvc_strerror(-E2BIG), "per-request limit"));
 	assert_non_null(strstr(kvc_strerror(-ESHUTDOWN), "shutting down"));
 	assert_non_null(strstr(kvc_strerror(-ERANGE), "vocabulary"));
 	assert_non_null(strstr(kvc_strerror(-EDQUOT), "quota"));
@@ -354,6 +355,106 @@ static void test_generate_text(void **state)
 	kvc_close(c);
 }
 
+#define UNWRITTEN 0xffffffffu	/* no token id: an output slot the daemon has not written */
+
+struct late_stop {
+	const volatile uint32_t	*last;	/* the output's last slot in the arena */
+	int			calls;
+};
+
+/* Cancel only once the daemon has written the last token: the request ends before its CANCEL is seen. */
+static int stop_when_done(void *user, const char *utf8, size_t len)
+{
+	struct late_stop *ls = user;
+	struct kw_deadline w;
+	(void)utf8;
+	(void)len;
+	ls->calls++;
+	for (kw_start_default(&w); *ls->last == UNWRITTEN && !kw_expired(&w);)
+		kp_sleep_ms(1);
+	return 1;
+}
+
+/*
+ * A call that cancels takes its CANCEL's CQE (user_data + 1) too: the next
+ * call, numbered user_data + 1, gets its own final CQE, not that one. The
+ * CANCEL here comes after the request ended, so its CQE (-ENOENT) would
+ * come after the final one, which the call used to return on.
+ */
+static void test_generate_text_cancel_cqe(void **state)
+{
+	(void)state;
+	uint32_t s, in, out, bytes;
+	struct kvc_conn *c = conn(&s);
+	const char *p = "1, 2, 3, 4,";
+	const uint32_t max = 3;
+	/* Where the call will put its output: the same allocations, made first here. */
+	assert_int_equal(kvc_arena_alloc(c, (uint32_t)strlen(p), &in), 0);
+	assert_int_equal(kvc_arena_alloc(c, 0, &out), 0);
+	kvc_arena_reset(c);
+	uint8_t *arena = kvc_arena(c, &bytes);
+	memset(arena, 0xff, bytes);
+	struct late_stop ls = { .last = (const volatile uint32_t *)(arena + out) + max - 1 };
+	struct kvc_text_opts o = { .max_tokens = max, .flags = KVD_SQE_IGNORE_EOS, .user_data = 1 };
+	struct kvc_text_result r;
+	int got = kvc_generate_text(c, s, 0, p, strlen(p), &o, stop_when_done, &ls, &r);
+	assert_true(got >= 0 && got <= (int)max);
+	struct kvd_cqe e;
+	assert_int_equal(kvc_peek(c, &e), -EAGAIN);	/* nothing of call 1 is left */
+	print_message("  call 1: %d tokens, callback %d times, flags %#x\n", got, ls.calls, r.flags);
+
+	struct kvc_text_opts o2 = { .max_tokens = max, .flags = KVD_SQE_IGNORE_EOS, .user_data = 2 };
+	assert_int_equal(kvc_generate_text(c, s, 0, p, strlen(p), &o2, NULL, NULL, &r), (int)max);
+	assert_true(r.flags & KVD_CQE_LENGTH);
+	kvc_close(c);
+}
+
+struct broken_fd {
+	struct kvc_conn	*c;
+	int		saved;	/* the call doorbell, while a broken pipe stands in for it */
+};
+
+/* Put the write end of a pipe with no reader in the call doorbell's place: poll() says POLLERR. */
+static int break_call_fd(void *user, const char *utf8, size_t len)
+{
+	struct broken_fd *b = user;
+	int pp[2];
+	(void)utf8;
+	(void)len;
+	if (b->saved >= 0 || pipe(pp))
+		return 0;
+	close(pp[0]);
+	b->saved = dup(kvc_call_fd(b->c));
+	if (b->saved < 0 || dup2(pp[1], kvc_call_fd(b->c)) < 0)
+		fail_msg("dup: %s", strerror(errno));
+	close(pp[1]);
+	return 0;
+}
+
+/*
+ * kvc_wait() failing (-EIO) leaves the request running: its output room
+ * stays taken, since the daemon still writes tokens there.
+ */
+static void test_generate_text_wait_error(void **state)
+{
+	(void)state;
+	uint32_t s, bytes, off;
+	struct kvc_conn *c = conn(&s);
+	const char *p = "1, 2, 3, 4,";
+	struct kvc_text_opts o = { .max_tokens = 2000, .flags = KVD_SQE_IGNORE_EOS, .user_data = 40 };
+	struct broken_fd b = { .c = c, .saved = -1 };
+	int got = kvc_generate_text(c, s, 0, p, strlen(p), &o, break_call_fd, &b, NULL);
+	if (b.saved >= 0) {
+		dup2(b.saved, kvc_call_fd(c));
+		close(b.saved);
+	}
+	kvc_arena(c, &bytes);
+	int whole = kvc_arena_alloc(c, bytes, &off);
+	kvc_close(c);	/* closing the session cancels the request */
+	assert_int_equal(got, -EIO);
+	assert_int_equal(whole, -ENOSPC);
+}
+
 /* ---------------------------------------------------------------------- */
 /* kvctl                                                                  */
 
@@ -394,17 +495,48 @@ static void test_kvctl_context_overflow(void **state)
 {
 	(void)state;
 	struct run r;
-	char n[16], want[64];
+	char n[16], want[96];
 	struct kvc_conn *c = conn(NULL);
 	const struct kvd_hello_rep *h = kvc_info(c);
-	uint32_t ctx = h->max_tokens && h->max_tokens < h->ctx_len ? h->max_tokens : h->ctx_len;
+	uint32_t ctx = h->ctx_len, lim = h->max_tokens;
 	kvc_close(c);
-	snprintf(n, sizeof(n), "%u", ctx + 1);
+	/* Over both: aux > ctx_len names the context. */
+	uint32_t over = (lim > ctx ? lim : ctx) + 1;
+	snprintf(n, sizeof(n), "%u", over);
 	kvctl(&r, "e2big", "generate", "-n", n, "Hello", NULL);
 	assert_int_equal(r.status, 1);
-	snprintf(want, sizeof(want), "plus %u to generate exceed the context (%u)", ctx + 1, ctx);
+	snprintf(want, sizeof(want), "plus %u to generate exceed the context (%u)", over, ctx);
 	assert_non_null(strstr(r.err, want));
+	/* A text prompt's positions are a lower bound when it is refused untokenized. */
+	assert_non_null(strstr(r.err, "prompt (at least "));
 	assert_null(strstr(r.err, "Argument list too long"));
+	run_free(&r);
+}
+
+/* A per-request limit below the context is named as such, with its own number. */
+static void test_kvctl_request_limit(void **state)
+{
+	(void)state;
+	need_daemon();
+	struct kvd_proc d2;
+	struct kvc_conn *c;
+	const char *extra[] = { "--max-tokens", "64", NULL };
+	assert_int_equal(kp_start(&d2, extra), 0);
+	int err = kvc_connect(&c, d2.sock);
+	uint32_t ctx = err ? 0 : kvc_info(c)->ctx_len, lim = err ? 0 : kvc_info(c)->max_tokens;
+	if (!err)
+		kvc_close(c);
+	const char *argv[] = { KVCTL, "--socket", d2.sock, "generate", "-n", "100", "Hello", NULL };
+	struct run r;
+	finish_cmd(start_cmd(argv, NULL, "reqlimit"), "reqlimit", &r);
+	kp_cleanup(&d2);
+	assert_int_equal(err, 0);
+	assert_int_equal(lim, 64);
+	assert_true(ctx > 100);
+	assert_int_equal(r.status, 1);
+	assert_non_null(strstr(r.err, "plus 100 to generate exceed the per-request limit (64)"));
+	assert_non_null(strstr(r.err, "prompt (at least "));
+	assert_null(strstr(r.err, "the context"));
 	run_free(&r);
 }
 
@@ -719,9 +851,12 @@ int main(void)
 		cmocka_unit_test(test_strerror),
 		cmocka_unit_test_teardown(test_arm_poll_loop, teardown),
 		cmocka_unit_test_teardown(test_generate_text, teardown),
+		cmocka_unit_test_teardown(test_generate_text_cancel_cqe, teardown),
+		cmocka_unit_test_teardown(test_generate_text_wait_error, teardown),
 		cmocka_unit_test_teardown(test_kvctl_prefill_only, teardown),
 		cmocka_unit_test_teardown(test_kvctl_system_needs_chat, teardown),
 		cmocka_unit_test_teardown(test_kvctl_context_overflow, teardown),
+		cmocka_unit_test_teardown(test_kvctl_request_limit, teardown),
 		cmocka_unit_test_teardown(test_kvctl_stats_steps, teardown),
 		cmocka_unit_test_teardown(test_kvctl_info_pid, teardown),
 		cmocka_unit_test_teardown(test_kvctl_poll_sleeps, teardown),

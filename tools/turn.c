@@ -239,20 +239,32 @@ int turn_shutdown(const struct turn *t)
 }
 
 /*
- * The request's failure as one line, in kvd's terms; a context overflow
- * with its numbers, as kvd --prompt gives them (aux: positions needed,
- * cached ones included, when the daemon says).
+ * -E2BIG in kvd's terms (uapi/kvd.h, cqe.aux): aux > ctx_len says the
+ * context was exceeded, else the per-request limit (HELLO max_tokens). A
+ * text prompt refused before it was tokenized has only a lower bound in
+ * aux, and kvctl cannot tell that case apart: "at least" stays true of both.
  */
+static void report_e2big(const struct kvd_hello_rep *h, const struct turn *t, uint32_t n)
+{
+	int ctx = t->aux > h->ctx_len || !h->max_tokens;
+	const char *what = ctx ? "the context" : "the per-request limit";
+	uint32_t lim = ctx ? h->ctx_len : h->max_tokens;
+	if (!t->aux)	/* a daemon that does not say */
+		fprintf(stderr, "kvctl: the prompt plus %u to generate exceed the context (%u) "
+			"or the per-request limit (%u)\n", n, h->ctx_len, h->max_tokens);
+	else if (t->aux > n)
+		fprintf(stderr, "kvctl: prompt (at least %u positions) plus %u to generate exceed "
+			"%s (%u)\n", t->aux - n, n, what, lim);
+	else
+		fprintf(stderr, "kvctl: the prompt plus %u to generate exceed %s (%u)\n", n, what,
+			lim);
+}
+
+/* The request's failure as one line, in kvd's terms. */
 void report_error(struct kvc_conn *c, const struct turn *t, const struct kvctl_opts *o)
 {
-	const struct kvd_hello_rep *h = kvc_info(c);
-	uint32_t ctx = h->max_tokens && h->max_tokens < h->ctx_len ? h->max_tokens : h->ctx_len;
-	if (t->res == -E2BIG && t->aux > o->max_tokens)
-		fprintf(stderr, "kvctl: prompt (%u positions) plus %u to generate exceed the context (%u)\n",
-			t->aux - o->max_tokens, o->max_tokens, ctx);
-	else if (t->res == -E2BIG)
-		fprintf(stderr, "kvctl: the prompt plus %u to generate exceed the context (%u)\n",
-			o->max_tokens, ctx);
+	if (t->res == -E2BIG)
+		report_e2big(kvc_info(c), t, o->max_tokens);
 	else if (t->res == -EMSGSIZE)
 		fprintf(stderr, "kvctl: the prompt plus -n %u do not fit the shared arena\n",
 			o->max_tokens);
@@ -261,4 +273,3 @@ void report_error(struct kvc_conn *c, const struct turn *t, const struct kvctl_o
 	else
 		fprintf(stderr, "kvctl: request failed: %s\n", kvc_strerror(t->res));
 }
-
