@@ -100,6 +100,8 @@ static void idle_wait(struct server *srv)
 	set_need_wakeup(srv, 0);
 }
 
+#define DRAIN_GRACE_NS	500000000ull	/* 0.5 s */
+
 /*
  * The last completions, to clients whose CQ is full: the drain waits (up
  * to its deadline) for them to make room, so every request in flight gets
@@ -153,6 +155,11 @@ void *worker_main(void *arg)
 		engine_pool_stats(srv->eng, &srv->pool_stats);
 		if (srv->stopping && (!any_work(srv) || log_now_ns() >= srv->drain_deadline_ns || !sc)) {
 			cancel_everything(srv);
+			/* The cancel just posted final CQEs: a client with a full CQ gets a
+			 * moment to take them even when the deadline ended the drain. */
+			uint64_t grace = log_now_ns() + DRAIN_GRACE_NS;
+			if (srv->drain_deadline_ns < grace)
+				srv->drain_deadline_ns = grace;
 			drain_held(srv);
 			break;
 		}
