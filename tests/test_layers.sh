@@ -13,13 +13,13 @@ shm|shm uapi
 daemon/model|daemon/model kernels/backend.h daemon/log.h
 daemon/tokenizer|daemon/tokenizer daemon/model daemon/log.h
 daemon/engine|daemon/engine daemon/model daemon/tokenizer kernels/backend.h daemon/log.h daemon/probes.h
-daemon/serve|daemon/serve daemon/engine daemon/model daemon/tokenizer kernels/backend.h shm uapi bpf/kvd_load.h daemon/log.h daemon/probes.h
-daemon|daemon kernels/backend.h uapi shm bpf/kvd_load.h
+daemon/serve|daemon/serve daemon/engine daemon/model daemon/tokenizer kernels/backend.h shm uapi bpf/kvd_load.h bpf/kvd_pin.h daemon/log.h daemon/probes.h
+daemon|daemon kernels/backend.h uapi shm bpf/kvd_load.h bpf/kvd_pin.h
 kernels|kernels/backend.h
 kernels/cpu|kernels/cpu kernels/backend.h
 kernels/cuda|kernels/cuda kernels/backend.h
 bpf|bpf uapi vmlinux.h kvd.skel.h bpf/kvd.skel.h
-tools|tools shm/kvclient.h shm/kvring.h uapi bpf/kvd_load.h
+tools|tools shm/kvclient.h shm/kvring.h uapi bpf/kvd_load.h bpf/kvd_pin.h
 '
 
 # Whether include path $1 is allowed by the space-separated list $2: an
