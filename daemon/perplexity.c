@@ -153,6 +153,7 @@ struct ppl {
 	uint16_t *row;		/* (ppl_row_slots,) one stored row */
 	FILE *base;		/* the base file, written (plain run) or read (--kl-divergence) */
 	const char *base_path;
+	int created;		/* base_path is a regular file this run wrote: a failure removes it */
 	int kld;
 	/* the plain run */
 	double nll, nll2;
@@ -297,8 +298,11 @@ static int text_tokens(struct ppl *p, const char *path)
 static int write_header(struct ppl *p)
 {
 	int32_t h[3] = { (int32_t)p->n_ctx, (int32_t)p->n_vocab, (int32_t)p->n_chunk };
+	struct stat st;
 	if (!(p->base = fopen(p->base_path, "wb")))
 		return io_error(p, "cannot create");
+	/* Never unlink what is not a plain file of ours: --kl-divergence-base /dev/null is fine. */
+	p->created = !fstat(fileno(p->base), &st) && S_ISREG(st.st_mode);
 	errno = 0;
 	if (fwrite(PPL_MAGIC, 1, 8, p->base) != 8 || fwrite(h, sizeof(h), 1, p->base) != 1 ||
 	    fwrite(p->tokens, sizeof(uint32_t) * p->n_ctx, p->n_chunk, p->base) != p->n_chunk)
@@ -718,7 +722,7 @@ out:
 	if (p.base && fclose(p.base) && !rc && !p.kld)
 		rc = io_error(&p, "cannot write");
 	/* A base file cut short by a failure would only be refused later: it goes. */
-	if (rc && !p.kld && p.base)
+	if (rc && p.created)
 		unlink(p.base_path);
 	ppl_free(&p);
 	engine_destroy(p.eng);
