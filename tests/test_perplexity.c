@@ -35,6 +35,7 @@ static char TMP[64];
 static char TEXT[128], BASE[128], BAD[128];
 static char OUT[1 << 16], ERR[1 << 16];	/* the last run's stdout and stderr */
 static int STATUS;
+static int PTY;				/* run_kvd puts stderr on a terminal */
 static struct fixture FX;
 static float *LOGITS;
 static double PPL_PLAIN = -1;		/* test_base_file's plain run, for test_reference */
@@ -115,13 +116,22 @@ static int run_kvd(const char *first, ...)
 	int err = mkstemp(path);
 	unlink(path);
 	assert_true(out >= 0 && err >= 0);
+	int master = -1, slave = -1;
+	if (PTY) {
+		master = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+		assert_true(master >= 0);
+		assert_int_equal(grantpt(master), 0);
+		assert_int_equal(unlockpt(master), 0);
+		slave = open(ptsname(master), O_RDWR | O_NOCTTY);
+		assert_true(slave >= 0);
+	}
 	pid_t parent = getpid(), pid = fork();
 	assert_true(pid >= 0);
 	if (pid == 0) {
 		prctl(PR_SET_PDEATHSIG, SIGKILL);
 		int null = open("/dev/null", O_RDONLY);
 		if (getppid() != parent || null < 0 || dup2(null, 0) < 0 || dup2(out, 1) < 0 ||
-		    dup2(err, 2) < 0)
+		    dup2(PTY ? slave : err, 2) < 0)
 			_exit(126);
 		setenv("KVD_CONFIG", "/dev/null", 1);
 		execv(argv[0], (char *const *)argv);
@@ -132,6 +142,13 @@ static int run_kvd(const char *first, ...)
 		;
 	slurp(out, OUT, sizeof(OUT));
 	slurp(err, ERR, sizeof(ERR));
+	if (PTY) {
+		/* A few hundred bytes: the terminal held them all while kvd ran. */
+		close(slave);
+		ssize_t n = read(master, ERR, sizeof(ERR) - 1);
+		ERR[n > 0 ? n : 0] = '\0';
+		close(master);
+	}
 	close(out);
 	close(err);
 	return WIFEXITED(STATUS) ? WEXITSTATUS(STATUS) : 128 + WTERMSIG(STATUS);
@@ -474,6 +491,25 @@ static void test_reference(void **state)
 		assert_true(PPL_PLAIN > 1 && PPL_PLAIN < 1000);
 }
 
+/* On a terminal, stderr shows a progress line, taken off again before the end; stdout stays clean. */
+static void test_progress(void **state)
+{
+	(void)state;
+	need_text();
+	PTY = 1;
+	int rc = run_kvd("--perplexity", TEXT, "--ctx", CTX_S, "--chunks", "2", NULL);
+	PTY = 0;
+	expect_exit(rc, 0);
+	if (!strstr(ERR, "\r\033[Kperplexity: chunk 2/2, 256/256 positions"))
+		fail_msg("no progress line on the terminal:\n%s", ERR);
+	assert_non_null(strstr(ERR, "\r\033[K"));
+	assert_null(strchr(OUT, '\r'));
+	assert_non_null(strstr(OUT, "[1]"));
+	/* Without a terminal, none. */
+	expect_exit(run_kvd("--perplexity", TEXT, "--ctx", CTX_S, "--chunks", "2", NULL), 0);
+	assert_null(strstr(ERR, "perplexity: chunk"));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -483,6 +519,7 @@ int main(void)
 		cmocka_unit_test(test_base_file),
 		cmocka_unit_test(test_bad_base),
 		cmocka_unit_test(test_reference),
+		cmocka_unit_test(test_progress),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }
