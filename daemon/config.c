@@ -539,6 +539,26 @@ static int parse_args(struct kvd_options *o, int argc, char **argv, int pre, cha
 	return 0;
 }
 
+/*
+ * --perplexity's options go together: a chunk size only the command line
+ * sets (a daemon's ctx in the file is no chunk size), and one mode at a time.
+ */
+static int finish_perplexity(struct kvd_options *o, char *err, size_t errlen)
+{
+	if (o->origin[find_opt("ctx", 3)].src == CONFIG_SRC_CMDLINE)
+		o->ppl_ctx = o->ctx;
+	if (o->kld && !o->kld_base)
+		return log_errf(err, errlen, -EINVAL, "--kl-divergence needs --kl-divergence-base FILE, "
+				"the file of log-probabilities to compare with");
+	if (o->kld_base && !o->kld && !o->perplexity)
+		return log_errf(err, errlen, -EINVAL, "--kl-divergence-base FILE needs --perplexity FILE "
+				"(to write it) or --kl-divergence (to read it)");
+	if ((o->perplexity || o->kld) && (o->prompt || o->info))
+		return log_errf(err, errlen, -EINVAL, "--%s and --%s are two modes: give one",
+				o->perplexity ? "perplexity" : "kl-divergence", o->prompt ? "prompt" : "info");
+	return 0;
+}
+
 /* Checks that need more than one value or the system's databases. */
 static int finish(struct kvd_options *o, char *err, size_t errlen)
 {
@@ -557,8 +577,11 @@ static int finish(struct kvd_options *o, char *err, size_t errlen)
 			 "'_', '.' and '-', not starting with '.'", o->instance, KVD_PIN_INSTANCE_MAX);
 		return -EINVAL;
 	}
+	int rc = finish_perplexity(o, err, errlen);
+	if (rc)
+		return rc;
 	if (!o->model) {
-		int rc = find_model(o);
+		rc = find_model(o);
 		if (rc)
 			return log_errf(err, errlen, rc, "cannot look for the model: %s", strerror(-rc));
 	}

@@ -36,6 +36,11 @@ struct kvd_options {
 	int chat;
 	int n_predict;
 	struct sampler_params sp;
+	const char *perplexity;		/* --perplexity: the text file */
+	uint32_t chunks;		/* 0: all */
+	const char *kld_base;		/* --kl-divergence-base: written, or read with kld */
+	int kld;
+	uint32_t ppl_ctx;		/* --ctx as the command line gave it, else 0: --perplexity's chunk */
 	/* the daemon: file and command line */
 	const char *model;		/* NULL: no model named, and none found at model_tried */
 	uint32_t threads;		/* 0: every core */

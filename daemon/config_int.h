@@ -24,7 +24,7 @@ enum cfg_type {
  * Where an option shows in --help and the man page's OPTIONS (in table
  * order within a section; the table's order is also --print-config's).
  */
-enum cfg_section { SEC_CONFIG, SEC_DAEMON, SEC_MODEL, SEC_GEN, SEC_HIDDEN, SEC_LAST };
+enum cfg_section { SEC_CONFIG, SEC_DAEMON, SEC_MODEL, SEC_GEN, SEC_PPL, SEC_HIDDEN, SEC_LAST };
 
 struct cfg_opt {
 	const char *name;	/* long option and file key */

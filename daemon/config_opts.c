@@ -76,6 +76,39 @@ const struct cfg_opt config_opts[] = {
 	{ "seed", 0, CT_U64, F_CLI, SEC_GEN, O(sp.seed), .arg = "S",
 	  .help = "sampler seed (default 0)",
 	  .man = "Sampler seed (default 0); the same seed and prompt give the same text." },
+	/* measuring accuracy: llama-perplexity's scores and files */
+	{ "perplexity", 0, CT_STR, F_CLI, SEC_PPL, O(perplexity), .arg = "FILE",
+	  .help = "perplexity of the model on the text in FILE, as\n"
+		  "llama-perplexity computes it, and exit",
+	  .man = "Print the perplexity of the model on the text in\n.I FILE\n"
+		 "the way llama.cpp's\n.B llama\\-perplexity\ndoes: the text (less one trailing\n"
+		 "newline) is cut into chunks of\n.B \\-\\-ctx\ntokens (default 512 here, whatever the\n"
+		 "configuration file says), each evaluated from an empty sequence with its first\n"
+		 "token replaced by BOS when the model wants one; the second half of each chunk is\n"
+		 "scored. It prints the running value after each chunk and\n"
+		 ".I Final estimate: PPL = N +/- E\non stdout, the speed on stderr, and a progress\n"
+		 "line on stderr when that is a terminal. The text must hold at least two chunks." },
+	{ "chunks", 0, CT_U32, F_CLI, SEC_PPL, O(chunks), RANGE(0, 1 << 24), .arg = "N",
+	  .help = "evaluate the first N chunks (default 0: all)",
+	  .man = "Evaluate only the first\n.I N\nchunks of the text or of the base file\n"
+		 "(default 0: all)." },
+	{ "kl-divergence-base", 0, CT_STR, F_CLI, SEC_PPL, O(kld_base), .arg = "FILE",
+	  .help = "with --perplexity: also write every scored position's\n"
+		  "log-probabilities to FILE (llama.cpp's format);\n"
+		  "with --kl-divergence: read them from it",
+	  .man = "With\n.BR \\-\\-perplexity :\nalso write the tokens and every scored position's\n"
+		 "log-probabilities to\n.IR FILE ,\nin the format of llama.cpp's\n"
+		 ".BR \"llama\\-perplexity \\-\\-kl\\-divergence\\-base\" ,\n"
+		 "so either program can read it. With\n.BR \\-\\-kl\\-divergence :\nread it." },
+	{ "kl-divergence", 0, CT_BOOL, F_CLI, SEC_PPL, O(kld),
+	  .help = "compare the model with the base file: KL divergence,\n"
+		  "perplexity ratio, token probabilities, same top token",
+	  .man = "Evaluate the tokens of the\n.B \\-\\-kl\\-divergence\\-base\nfile (its chunk size is\n"
+		 "the context; a different\n.B \\-\\-ctx\nis refused, as is a file made for another\n"
+		 "vocabulary or cut short) and compare the model's distributions with the\n"
+		 "file's, printing what llama\\-perplexity prints: per chunk PPL, ln(PPL ratio),\n"
+		 "KL divergence, RMS \\(*Dp and same top p, then the statistics (mean KLD, its\n"
+		 "percentiles, median, maximum, \\(*Dp percentiles, RMS \\(*Dp, same top p)." },
 	/* the model, compute and the KV pool */
 	{ "model", 'm', CT_STR, 0, SEC_MODEL, O(model), .arg = "PATH",
 	  .help = "GGUF model (default $KVD_MODEL, else " CONFIG_MODEL_FILE "\n"
@@ -212,6 +245,8 @@ static const struct {
 	[SEC_MODEL] = { "model and KV cache:", "Model and KV cache", NULL },
 	[SEC_GEN] = { "in-process generation (command line only):",
 		      "In-process generation (command line only)", NULL },
+	[SEC_PPL] = { "measuring accuracy (command line only):",
+		      "Measuring accuracy (command line only)", NULL },
 };
 
 #define HELP_COL 26	/* where --help's descriptions start */
@@ -240,6 +275,8 @@ void config_usage(FILE *f)
 	fprintf(f,
 		"usage: kvd [--model PATH] [daemon options]      serve clients on a socket\n"
 		"       kvd [--model PATH] --prompt TEXT [options]  generate in-process and exit\n"
+		"       kvd [--model PATH] --perplexity FILE [--ctx N] [--chunks N]\n"
+		"           [--kl-divergence-base FILE [--kl-divergence]]  score a text and exit\n"
 		"       kvd [--model PATH] --info\n"
 		"       kvd [options] --print-config                 show the effective configuration\n"
 		"\n"

@@ -15,6 +15,7 @@
 #include "daemon/model/gguf.h"
 #include "daemon/model/model.h"
 #include "daemon/oneshot.h"
+#include "daemon/perplexity.h"
 #include "daemon/serve/obs.h"
 #include "daemon/tokenizer/tokenizer.h"
 #include "kernels/backend.h"
@@ -143,7 +144,7 @@ int main(int argc, char **argv)
 			"configuration file or $KVD_MODEL", o.model_tried, config_datadir);
 		goto out_config;
 	}
-	int daemon = !o.prompt && !o.info;
+	int daemon = !o.prompt && !o.info && !perplexity_mode(&o);
 	if (daemon) {
 		server_block_signals(NULL);	/* before any thread exists, so none gets one */
 		service_notify("STATUS=loading model %s", o.model);
@@ -171,6 +172,11 @@ int main(int argc, char **argv)
 	if (o.prompt) {
 		/* Its pool waits for the prompt's length. */
 		status = oneshot_prompt(&o, m, be, make_pool) ? 1 : 0;
+		goto out_backend;
+	}
+	if (perplexity_mode(&o)) {
+		/* Its pool is one chunk's, and the chunk is its own context. */
+		status = perplexity_run(&o, m, be, make_pool) ? 1 : 0;
 		goto out_backend;
 	}
 	service_notify("STATUS=reserving the KV pool");
