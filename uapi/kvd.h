@@ -298,6 +298,8 @@ struct kvd_ring_hdr {
  * if it has one); with APPEND it is the next turn(s) of the slot's
  * conversation. PLAIN or SPECIAL without TEXT, or both together, are
  * -EINVAL; PLAIN with CHAT and SPECIAL without CHAT restate the default.
+ * On an op without a prompt (NOP, DECODE, CANCEL, RESET), TEXT, CHAT,
+ * PLAIN, SPECIAL, PROGRESS or a system message is -EINVAL.
  * A text prompt whose bytes (system message included) could not fit the
  * per-request limit whatever they tokenize to completes -E2BIG before it
  * is tokenized.
