@@ -34,8 +34,8 @@ int ppl_nearest_int(float f)
 	return (i & 0x007fffff) - 0x00400000;
 }
 
-/* The top logit and log(sum exp(l - top)) of logits (n,), the sum in double. */
-static float log_sum_exp(const float *l, uint32_t n, float *max_out)
+/* The top logit and log(sum exp(l - top)) of logits (n,), the sum and its log in double. */
+static double log_sum_exp(const float *l, uint32_t n, float *max_out)
 {
 	float max = l[0];
 	for (uint32_t i = 1; i < n; i++)
@@ -44,25 +44,21 @@ static float log_sum_exp(const float *l, uint32_t n, float *max_out)
 	for (uint32_t i = 0; i < n; i++)
 		sum += expf(l[i] - max);
 	*max_out = max;
-	return (float)log(sum);
+	return log(sum);
 }
 
 /* The plain run's NLL of tok: llama.cpp keeps this one in double. */
 static double nll_of(const float *l, uint32_t n, uint32_t tok)
 {
-	float max = l[0];
-	for (uint32_t i = 1; i < n; i++)
-		max = l[i] > max ? l[i] : max;
-	double sum = 0.0;
-	for (uint32_t i = 0; i < n; i++)
-		sum += expf(l[i] - max);
-	return -((double)(l[tok] - max) - log(sum));
+	float max;
+	double lse = log_sum_exp(l, n, &max);
+	return -((double)(l[tok] - max) - lse);
 }
 
 float ppl_quantize_row(const float *logits, uint32_t n_vocab, uint32_t tok, uint16_t *row)
 {
 	float max, min = logits[0];
-	float lse = log_sum_exp(logits, n_vocab, &max);
+	float lse = (float)log_sum_exp(logits, n_vocab, &max);
 	for (uint32_t i = 1; i < n_vocab; i++)
 		min = logits[i] < min ? logits[i] : min;
 	/* Below e^-16 a probability is noise to any comparison: it is stored as 0. */
@@ -97,7 +93,7 @@ void ppl_kld_add(struct ppl_kld *k, const float *logits, const uint16_t *row, ui
 		 uint32_t tok, float *kld, float *p_diff)
 {
 	float max;
-	float lse = log_sum_exp(logits, n_vocab, &max);
+	float lse = (float)log_sum_exp(logits, n_vocab, &max);
 	uint32_t imax = 0;	/* the first of equal tops, on both sides */
 	for (uint32_t i = 1; i < n_vocab; i++)
 		if (logits[i] > logits[imax])
