@@ -17,7 +17,15 @@ NVCCFLAGS ?= -O2 -std=c++17 -Xcompiler -fPIC -Xcompiler -Wall -lineinfo \
 	-gencode arch=compute_90,code=compute_90
 CUDA_OBJS := $(CUDA_SRCS:%.cu=$(B)/%.o)
 CPPFLAGS += -DKVD_HAVE_CUDA=1
-CUDA_LIBDIR ?= $(abspath $(dir $(shell command -v $(NVCC)))../lib64)
+# The directory that holds the toolkit's libcudart.so, looked for beside the
+# nvcc that builds (through any symlink): lib64, the targets/ tree, or lib.
+# Where none holds it (a distribution's toolkit in the linker's own
+# directories), nothing is added and the default search finds it.
+comma := ,
+NVCC_ROOT := $(abspath $(dir $(realpath $(shell command -v $(NVCC))))..)
+CUDA_LIBDIR ?= $(firstword $(foreach d,$(NVCC_ROOT)/lib64 \
+	$(NVCC_ROOT)/targets/x86_64-linux/lib $(NVCC_ROOT)/lib,$(if $(wildcard $(d)/libcudart.so),$(d))))
+CUDA_LIBPATH := $(if $(CUDA_LIBDIR),-L$(CUDA_LIBDIR) -Wl$(comma)-rpath$(comma)$(CUDA_LIBDIR))
 # The CUDA backend is a shared object that kvd dlopens (kernels/backend.c):
 # only it links cuBLAS and the CUDA runtime and carries a RUNPATH to them, so
 # kvd itself starts on machines without CUDA. It takes its own hidden copies
@@ -26,7 +34,7 @@ CUDA_SO := $(B)/libkvd-cuda.so
 $(CUDA_SO): $(CUDA_OBJS) $(B)/kernels/cuda/plan.o $(B)/kernels/types.o kernels/cuda/libkvd-cuda.map
 	$(CC) $(LDFLAGS) -shared -Wl,-soname,libkvd-cuda.so -Wl,--no-undefined \
 		-Wl,--version-script=kernels/cuda/libkvd-cuda.map -o $@ $(filter %.o,$^) \
-		-L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcublas -lcudart -lstdc++ -lm -pthread
+		$(CUDA_LIBPATH) -lcublas -lcudart -lstdc++ -lm -pthread
 # A program that links it rather than loading it (the CUDA tests, in
 # $(B)/tests/) names it even though it calls nothing in it directly: the
 # loader then finds the entry point in the process.

@@ -57,16 +57,26 @@ if [ ! -e "$so" ]; then
 fi
 
 # ---- the object itself ----
-if have readelf && have nm; then
+# It names cudart and cuBLAS, the loader finds both from the object alone
+# (through its RUNPATH, or the system's own directories where the toolkit
+# lives there), and it exports the entry point and nothing else.
+if have readelf && have nm && have ldd; then
 	dyn=$(readelf -d "$so")
 	exports=$(nm -D --defined-only "$so" | awk '$2 != "A" { print $3 }')
-	if echo "$dyn" | grep NEEDED | grep -q libcudart && echo "$dyn" | grep NEEDED | grep -q libcublas &&
-		echo "$dyn" | grep -E 'RUNPATH|RPATH' | grep -qi cuda &&
-		[ "$exports" = "kvd_cuda_backend_v1@@KVD_CUDA_1" ]; then
-		ok "libkvd-cuda.so links cudart and cuBLAS through its own RUNPATH and exports $exports alone"
+	resolved=$(env -u LD_LIBRARY_PATH ldd "$so" 2>&1)
+	why=""
+	for lib in libcudart libcublas; do
+		echo "$dyn" | grep NEEDED | grep -q "$lib" || why="$why; does not name $lib"
+		echo "$resolved" | grep "$lib" | grep -q "not found" && why="$why; $lib not found from the object"
+	done
+	[ "$exports" = "kvd_cuda_backend_v1@@KVD_CUDA_1" ] || why="$why; exports '$exports'"
+	if [ -z "$why" ]; then
+		runpath=$(echo "$dyn" | sed -n 's/.*R\(UN\)\{0,1\}PATH.*\[\(.*\)\]/\2/p')
+		ok "libkvd-cuda.so finds cudart and cuBLAS (RUNPATH '${runpath:-none}') and exports $exports alone"
 	else
-		echo "$dyn"
-		bad "libkvd-cuda.so: links or exports not as expected (exports: $exports)"
+		echo "$dyn" | grep -E 'NEEDED|RPATH|RUNPATH'
+		echo "$resolved"
+		bad "libkvd-cuda.so: not as expected${why}"
 	fi
 fi
 
