@@ -58,3 +58,10 @@ endif
 QUICK ?= 0
 bench: all $(BENCH_BINS)
 	@KVD_BENCH_QUICK=$(QUICK) sh tests/bench.sh $(BENCH_BINS)
+
+# `make peer`: llama.cpp's tools, built once under $(B)/peer from the pinned
+# llama-cpp-python sdist (tests/peer/build.sh), for side-by-side figures and
+# the accuracy reference data.
+.PHONY: peer
+peer:
+	@sh tests/peer/build.sh $(B)
