@@ -1398,6 +1398,51 @@ static void test_threadpool_late_worker(void **state)
 	sigaction(SIGUSR1, &old, NULL);
 }
 
+/*
+ * A task that sleeps when a worker runs it: the caller, done with the
+ * others first, sleeps until the worker leaves the run and wakes it. The
+ * caller's tasks take long enough that a worker joins.
+ */
+static uint32_t tp_slow_runs;
+
+static void tp_slow_task(void *ctx, uint32_t t)
+{
+	struct tp_count *c = ctx;
+	if (pthread_equal(pthread_self(), tp_caller)) {
+		for (volatile int spin = 0; spin < 20000; spin++)
+			;
+	} else {
+		__atomic_fetch_add(&tp_slow_runs, 1, __ATOMIC_RELAXED);
+		usleep(1000);
+	}
+	__atomic_fetch_add(&c->hits[t], 1, __ATOMIC_RELAXED);
+}
+
+static void test_threadpool_slow_worker(void **state)
+{
+	(void)state;
+	/* A lost wake-up hangs here. */
+	alarm(kw_s(60000));
+	tp_caller = pthread_self();
+	for (uint32_t threads = 2; threads <= 4; threads++) {
+		struct threadpool *tp;
+		uint32_t bad = 0;
+		assert_int_equal(threadpool_create(&tp, threads), 0);
+		__atomic_store_n(&tp_slow_runs, 0, __ATOMIC_RELAXED);
+		while (__atomic_load_n(&tp_slow_runs, __ATOMIC_RELAXED) < 50) {
+			uint32_t hits[8] = { 0 };
+			struct tp_count c = { .hits = hits, .n = 8 };
+			threadpool_run(tp, tp_slow_task, &c, 8);
+			for (uint32_t t = 0; t < 8; t++)
+				bad += hits[t] != 1;
+		}
+		threadpool_destroy(tp);
+		if (bad)
+			fail_msg("%u threads, slow workers: %u tasks not run exactly once", threads, bad);
+	}
+	alarm(0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1418,6 +1463,7 @@ int main(void)
 		cmocka_unit_test(test_threadpool),
 		cmocka_unit_test(test_threadpool_tiny),
 		cmocka_unit_test(test_threadpool_late_worker),
+		cmocka_unit_test(test_threadpool_slow_worker),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -13,14 +13,16 @@
  * Between two runs a worker spins for SPIN_NS before it sleeps: the gaps
  * inside and between engine steps are shorter, so a busy daemon makes no
  * futex calls. Past the first SPIN_YIELD_NS of a gap it yields while it
- * spins, and a caller waiting for a worker yields past WAIT_YIELD_NS: when
- * other processes load the cores, the thread this one waits for may be
- * queued behind it, and sched_yield() returns at once on an idle core.
- * Time comes from the vDSO clock, no system call.
+ * spins: when other processes load the cores, the spinning would take the
+ * core from a thread that has work, and sched_yield() returns at once on an
+ * idle core. A caller waiting for workers still inside its run spins for
+ * WAIT_SPIN_NS, then sleeps until the last one leaves: a sleeper woken gets
+ * the core back promptly, where a yielder would queue behind a busy loop
+ * for a whole time slice. Time comes from the vDSO clock, no system call.
  */
 #define SPIN_NS 2000000ull
 #define SPIN_YIELD_NS 50000ull
-#define WAIT_YIELD_NS 20000ull
+#define WAIT_SPIN_NS 50000ull
 
 /*
  * The run word: the generation in the high bits, RUN_OPEN while tasks are
@@ -35,12 +37,16 @@
 #define RUN_OPEN 0x8000u
 #define RUN_GEN_SHIFT 16
 #define RUN_GEN(s) ((s) >> RUN_GEN_SHIFT)
+/* Idle workers and the waiting caller sleep on the run word, woken apart by futex bitset. */
+#define WAKE_WORKERS 1u
+#define WAKE_CALLER 2u
 
 struct threadpool {
 	uint32_t n_threads;
 	pthread_t *threads;		/* (n_threads - 1,) */
-	uint32_t state;			/* the run word above; the futex workers sleep on */
+	uint32_t state;			/* the run word above, and the futex */
 	uint32_t sleepers;		/* workers that may be in futex_wait */
+	uint32_t caller_sleeps;		/* the caller may be in futex_wait */
 	int stop;
 	tp_task_fn fn;
 	void *ctx;
@@ -48,9 +54,9 @@ struct threadpool {
 	uint32_t next_task;		/* claimed with fetch_add */
 };
 
-static long futex(uint32_t *addr, int op, uint32_t val)
+static long futex(uint32_t *addr, int op, uint32_t val, uint32_t bits)
 {
-	return syscall(SYS_futex, addr, op, val, NULL, NULL, 0);
+	return syscall(SYS_futex, addr, op, val, NULL, NULL, bits);
 }
 
 static uint64_t now_ns(void)
@@ -95,7 +101,7 @@ static uint32_t wait_run(struct threadpool *tp, uint32_t seen)
 			continue;
 		}
 		__atomic_fetch_add(&tp->sleepers, 1, __ATOMIC_SEQ_CST);
-		futex(&tp->state, FUTEX_WAIT_PRIVATE, s);
+		futex(&tp->state, FUTEX_WAIT_BITSET_PRIVATE, s, WAKE_WORKERS);
 		__atomic_fetch_sub(&tp->sleepers, 1, __ATOMIC_SEQ_CST);
 		start = 0;
 	}
@@ -114,6 +120,15 @@ static int join(struct threadpool *tp, uint32_t s)
 	return 0;
 }
 
+static void leave(struct threadpool *tp)
+{
+	/* Release pairs with the caller's acquire wait for no worker inside. */
+	uint32_t s = __atomic_sub_fetch(&tp->state, 1, __ATOMIC_SEQ_CST);
+	/* Seq_cst against close_run(): either it sees this decrement or this sees it asleep. */
+	if (!(s & (RUN_ACTIVE | RUN_OPEN)) && __atomic_load_n(&tp->caller_sleeps, __ATOMIC_SEQ_CST))
+		futex(&tp->state, FUTEX_WAKE_BITSET_PRIVATE, 1, WAKE_CALLER);
+}
+
 static void *worker(void *arg)
 {
 	struct threadpool *tp = arg;
@@ -126,8 +141,7 @@ static void *worker(void *arg)
 		if (!join(tp, s))
 			continue;
 		run_tasks(tp);
-		/* Release pairs with the caller's acquire wait for no worker inside. */
-		__atomic_fetch_sub(&tp->state, 1, __ATOMIC_RELEASE);
+		leave(tp);
 	}
 }
 
@@ -138,7 +152,7 @@ static void publish(struct threadpool *tp, uint32_t open)
 	uint32_t next = (RUN_GEN(s) + 1) << RUN_GEN_SHIFT | open;
 	__atomic_store_n(&tp->state, next, __ATOMIC_SEQ_CST);
 	if (__atomic_load_n(&tp->sleepers, __ATOMIC_SEQ_CST))
-		futex(&tp->state, FUTEX_WAKE_PRIVATE, INT32_MAX);
+		futex(&tp->state, FUTEX_WAKE_BITSET_PRIVATE, INT32_MAX, WAKE_WORKERS);
 }
 
 int threadpool_create(struct threadpool **out, uint32_t n_threads)
@@ -190,16 +204,23 @@ static void close_run(struct threadpool *tp)
 {
 	__atomic_fetch_and(&tp->state, ~RUN_OPEN, __ATOMIC_RELAXED);
 	uint64_t start = 0;
+	uint32_t s;
 	/* Acquire pairs with each worker's release decrement. */
-	for (uint32_t spins = 1; __atomic_load_n(&tp->state, __ATOMIC_ACQUIRE) & RUN_ACTIVE; spins++) {
+	for (uint32_t spins = 1; (s = __atomic_load_n(&tp->state, __ATOMIC_ACQUIRE)) & RUN_ACTIVE;
+	     spins++) {
 		cpu_relax();
 		if (spins % 64)
 			continue;
 		uint64_t t = now_ns();
 		if (!start)
 			start = t;
-		else if (t - start > WAIT_YIELD_NS)
-			sched_yield();
+		if (t - start < WAIT_SPIN_NS)
+			continue;
+		__atomic_store_n(&tp->caller_sleeps, 1, __ATOMIC_SEQ_CST);
+		s = __atomic_load_n(&tp->state, __ATOMIC_SEQ_CST);
+		if (s & RUN_ACTIVE)
+			futex(&tp->state, FUTEX_WAIT_BITSET_PRIVATE, s, WAKE_CALLER);
+		__atomic_store_n(&tp->caller_sleeps, 0, __ATOMIC_RELAXED);
 	}
 }
 
