@@ -8,9 +8,12 @@
 #include <errno.h>
 #include <float.h>
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "kernels/backend.h"
@@ -1267,6 +1270,179 @@ static void test_threadpool(void **state)
 	alarm(0);
 }
 
+/*
+ * Tiny tasks over many runs, each run with its own ctx and one of two fns
+ * by its parity: a task run twice or never, or run with another run's fn
+ * or ctx (a worker arriving late with a stale view of the pool), is counted.
+ */
+struct tp_run {
+	uint32_t id;		/* the run's number; tp_current names the run in flight */
+	uint32_t n;
+	uint32_t hits[16];
+};
+
+static uint32_t tp_current;
+static uint32_t tp_stale;
+
+static void tp_run_task(struct tp_run *r, uint32_t t, uint32_t parity)
+{
+	if (r->id != __atomic_load_n(&tp_current, __ATOMIC_RELAXED) || (r->id & 1) != parity ||
+	    t >= r->n)
+		__atomic_fetch_add(&tp_stale, 1, __ATOMIC_RELAXED);
+	else
+		__atomic_fetch_add(&r->hits[t], 1, __ATOMIC_RELAXED);
+}
+
+static void tp_even_task(void *ctx, uint32_t t)
+{
+	tp_run_task(ctx, t, 0);
+}
+
+static void tp_odd_task(void *ctx, uint32_t t)
+{
+	tp_run_task(ctx, t, 1);
+}
+
+/* Runs first..first+runs-1 of 0..16 tasks; returns the tasks not run exactly once or run stale. */
+static uint32_t tp_tiny_runs(struct threadpool *tp, uint32_t first, uint32_t runs)
+{
+	uint32_t bad = 0;
+	__atomic_store_n(&tp_stale, 0, __ATOMIC_RELAXED);
+	for (uint32_t i = first; i < first + runs; i++) {
+		/* The same stack slot every run: a stale ctx pointer reads this run's id, the parity catches it. */
+		struct tp_run r = { .id = i, .n = i % 17 };
+		__atomic_store_n(&tp_current, i, __ATOMIC_RELAXED);
+		threadpool_run(tp, i & 1 ? tp_odd_task : tp_even_task, &r, r.n);
+		for (uint32_t t = 0; t < r.n; t++)
+			bad += r.hits[t] != 1;
+	}
+	return bad + __atomic_load_n(&tp_stale, __ATOMIC_RELAXED);
+}
+
+static void test_threadpool_tiny(void **state)
+{
+	(void)state;
+	alarm(kw_s(60000));
+	for (uint32_t threads = 2; threads <= 4; threads++) {
+		struct threadpool *tp;
+		assert_int_equal(threadpool_create(&tp, threads), 0);
+		uint32_t bad = tp_tiny_runs(tp, 0, 5000);
+		threadpool_destroy(tp);
+		if (bad)
+			fail_msg("%u threads: %u tasks not run exactly once or with a stale ctx", threads,
+				 bad);
+	}
+	alarm(0);
+}
+
+/*
+ * A worker held outside any run (as one descheduled by another process, or
+ * slow to wake, is): runs must complete without it. It is held in a signal
+ * handler, so the pool needs no test hook.
+ */
+static pthread_t tp_caller, tp_worker;
+static uint32_t tp_worker_found, tp_held, tp_release;
+
+static void tp_find_task(void *ctx, uint32_t t)
+{
+	(void)ctx;
+	(void)t;
+	/* Long enough that a worker joins before the caller has done every task. */
+	for (volatile int spin = 0; spin < 20000; spin++)
+		;
+	if (!pthread_equal(pthread_self(), tp_caller) &&
+	    !__atomic_exchange_n(&tp_worker_found, 1, __ATOMIC_RELAXED))
+		tp_worker = pthread_self();
+}
+
+static void tp_hold(int sig)
+{
+	(void)sig;
+	struct timespec ms = { .tv_nsec = 1000000 };
+	__atomic_store_n(&tp_held, 1, __ATOMIC_RELEASE);
+	while (!__atomic_load_n(&tp_release, __ATOMIC_ACQUIRE))
+		nanosleep(&ms, NULL);
+}
+
+#define TP_HELD_RUNS 3000
+
+static void test_threadpool_late_worker(void **state)
+{
+	(void)state;
+	struct sigaction sa = { .sa_handler = tp_hold }, old;
+	sigemptyset(&sa.sa_mask);
+	assert_int_equal(sigaction(SIGUSR1, &sa, &old), 0);
+	/* A run that waits for the held worker never returns: the alarm turns that into a failure. */
+	alarm(kw_s(60000));
+	for (uint32_t threads = 2; threads <= 4; threads++) {
+		struct threadpool *tp;
+		assert_int_equal(threadpool_create(&tp, threads), 0);
+		tp_caller = pthread_self();
+		tp_worker_found = tp_held = tp_release = 0;
+		/* Returned from the run it did tasks of, the worker is inside none when the signal lands. */
+		while (!tp_worker_found)
+			threadpool_run(tp, tp_find_task, NULL, 64);
+		assert_int_equal(pthread_kill(tp_worker, SIGUSR1), 0);
+		while (!__atomic_load_n(&tp_held, __ATOMIC_ACQUIRE))
+			usleep(1000);
+		uint32_t bad = tp_tiny_runs(tp, 0, TP_HELD_RUNS);
+		/* It resumes amid these runs, the generation it last saw long gone. */
+		__atomic_store_n(&tp_release, 1, __ATOMIC_RELEASE);
+		bad += tp_tiny_runs(tp, TP_HELD_RUNS, 3000);
+		threadpool_destroy(tp);
+		if (bad)
+			fail_msg("%u threads, one held: %u tasks not run exactly once or with a stale ctx",
+				 threads, bad);
+	}
+	alarm(0);
+	sigaction(SIGUSR1, &old, NULL);
+}
+
+/*
+ * A task that sleeps when a worker runs it: the caller, done with the
+ * others first, sleeps until the worker leaves the run and wakes it. The
+ * caller's tasks take long enough that a worker joins.
+ */
+static uint32_t tp_slow_runs;
+
+static void tp_slow_task(void *ctx, uint32_t t)
+{
+	struct tp_count *c = ctx;
+	if (pthread_equal(pthread_self(), tp_caller)) {
+		for (volatile int spin = 0; spin < 20000; spin++)
+			;
+	} else {
+		__atomic_fetch_add(&tp_slow_runs, 1, __ATOMIC_RELAXED);
+		usleep(1000);
+	}
+	__atomic_fetch_add(&c->hits[t], 1, __ATOMIC_RELAXED);
+}
+
+static void test_threadpool_slow_worker(void **state)
+{
+	(void)state;
+	/* A lost wake-up hangs here. */
+	alarm(kw_s(60000));
+	tp_caller = pthread_self();
+	for (uint32_t threads = 2; threads <= 4; threads++) {
+		struct threadpool *tp;
+		uint32_t bad = 0;
+		assert_int_equal(threadpool_create(&tp, threads), 0);
+		__atomic_store_n(&tp_slow_runs, 0, __ATOMIC_RELAXED);
+		while (__atomic_load_n(&tp_slow_runs, __ATOMIC_RELAXED) < 50) {
+			uint32_t hits[8] = { 0 };
+			struct tp_count c = { .hits = hits, .n = 8 };
+			threadpool_run(tp, tp_slow_task, &c, 8);
+			for (uint32_t t = 0; t < 8; t++)
+				bad += hits[t] != 1;
+		}
+		threadpool_destroy(tp);
+		if (bad)
+			fail_msg("%u threads, slow workers: %u tasks not run exactly once", threads, bad);
+	}
+	alarm(0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1285,6 +1461,9 @@ int main(void)
 		cmocka_unit_test(test_attention),
 		cmocka_unit_test(test_attention_paths),
 		cmocka_unit_test(test_threadpool),
+		cmocka_unit_test(test_threadpool_tiny),
+		cmocka_unit_test(test_threadpool_late_worker),
+		cmocka_unit_test(test_threadpool_slow_worker),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

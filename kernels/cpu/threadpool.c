@@ -1,4 +1,4 @@
-/* threadpool.c — workers spin briefly between runs (decode issues hundreds per token), then sleep on a futex. */
+/* threadpool.c — workers join a run only while it is open, spin briefly between runs, then sleep on a futex. */
 #include <errno.h>
 #include <linux/futex.h>
 #include <pthread.h>
@@ -12,30 +12,51 @@
 /*
  * Between two runs a worker spins for SPIN_NS before it sleeps: the gaps
  * inside and between engine steps are shorter, so a busy daemon makes no
- * futex calls. A caller waiting for workers yields its core only after
- * YIELD_NS, so an oversubscribed machine still makes progress. Time comes
- * from the vDSO clock, no system call.
+ * futex calls. Past the first SPIN_YIELD_NS of a gap it yields while it
+ * spins: when other processes load the cores, the spinning would take the
+ * core from a thread that has work, and sched_yield() returns at once on an
+ * idle core. A caller waiting for workers still inside its run spins for
+ * WAIT_SPIN_NS, then sleeps until the last one leaves: a sleeper woken gets
+ * the core back promptly, where a yielder would queue behind a busy loop
+ * for a whole time slice. Time comes from the vDSO clock, no system call.
  */
 #define SPIN_NS 2000000ull
-#define YIELD_NS 1000000ull
+#define SPIN_YIELD_NS 50000ull
+#define WAIT_SPIN_NS 50000ull
+
+/*
+ * The run word: the generation in the high bits, RUN_OPEN while tasks are
+ * left to claim, and the workers inside the run in the low bits. A worker
+ * joins with a CAS that requires RUN_OPEN, so the caller waits only for
+ * workers that joined: a worker descheduled by another process, or still
+ * asleep, costs the caller nothing, and one that arrives after the run
+ * closed does nothing. fn, ctx and n_tasks are read only after joining,
+ * and the caller rewrites them only when no worker is inside.
+ */
+#define RUN_ACTIVE 0x7fffu
+#define RUN_OPEN 0x8000u
+#define RUN_GEN_SHIFT 16
+#define RUN_GEN(s) ((s) >> RUN_GEN_SHIFT)
+/* Idle workers and the waiting caller sleep on the run word, woken apart by futex bitset. */
+#define WAKE_WORKERS 1u
+#define WAKE_CALLER 2u
 
 struct threadpool {
 	uint32_t n_threads;
 	pthread_t *threads;		/* (n_threads - 1,) */
-	/* Bumped (release) by the caller to publish a run; workers acquire it. */
-	uint32_t generation;
+	uint32_t state;			/* the run word above, and the futex */
 	uint32_t sleepers;		/* workers that may be in futex_wait */
+	uint32_t caller_sleeps;		/* the caller may be in futex_wait */
 	int stop;
 	tp_task_fn fn;
 	void *ctx;
 	uint32_t n_tasks;
 	uint32_t next_task;		/* claimed with fetch_add */
-	uint32_t busy;			/* workers still inside the current run */
 };
 
-static long futex(uint32_t *addr, int op, uint32_t val)
+static long futex(uint32_t *addr, int op, uint32_t val, uint32_t bits)
 {
-	return syscall(SYS_futex, addr, op, val, NULL, NULL, 0);
+	return syscall(SYS_futex, addr, op, val, NULL, NULL, bits);
 }
 
 static uint64_t now_ns(void)
@@ -59,48 +80,84 @@ static void run_tasks(struct threadpool *tp)
 		tp->fn(tp->ctx, t);
 }
 
+/* The run word once its generation differs from seen: spin, spin yielding, then sleep. */
+static uint32_t wait_run(struct threadpool *tp, uint32_t seen)
+{
+	uint64_t start = 0;
+	uint32_t s;
+	/* Acquire pairs with the release store in publish(). */
+	for (uint32_t spins = 1; RUN_GEN(s = __atomic_load_n(&tp->state, __ATOMIC_ACQUIRE)) == seen;
+	     spins++) {
+		cpu_relax();
+		if (spins % 64)
+			continue;
+		uint64_t t = now_ns();
+		if (!start)
+			start = t;
+		if (t - start < SPIN_YIELD_NS)
+			continue;
+		if (t - start < SPIN_NS) {
+			sched_yield();
+			continue;
+		}
+		__atomic_fetch_add(&tp->sleepers, 1, __ATOMIC_SEQ_CST);
+		futex(&tp->state, FUTEX_WAIT_BITSET_PRIVATE, s, WAKE_WORKERS);
+		__atomic_fetch_sub(&tp->sleepers, 1, __ATOMIC_SEQ_CST);
+		start = 0;
+	}
+	return s;
+}
+
+/* 1 if this worker is now inside the run s belongs to, 0 if that run is closed or gone. */
+static int join(struct threadpool *tp, uint32_t s)
+{
+	uint32_t gen = RUN_GEN(s);
+	/* Acquire: fn, ctx, n_tasks and next_task of this run are visible after. */
+	while ((s & RUN_OPEN) && RUN_GEN(s) == gen)
+		if (__atomic_compare_exchange_n(&tp->state, &s, s + 1, 1, __ATOMIC_ACQUIRE,
+						__ATOMIC_ACQUIRE))
+			return 1;
+	return 0;
+}
+
+static void leave(struct threadpool *tp)
+{
+	/* Release pairs with the caller's acquire wait for no worker inside. */
+	uint32_t s = __atomic_sub_fetch(&tp->state, 1, __ATOMIC_SEQ_CST);
+	/* Seq_cst against close_run(): either it sees this decrement or this sees it asleep. */
+	if (!(s & (RUN_ACTIVE | RUN_OPEN)) && __atomic_load_n(&tp->caller_sleeps, __ATOMIC_SEQ_CST))
+		futex(&tp->state, FUTEX_WAKE_BITSET_PRIVATE, 1, WAKE_CALLER);
+}
+
 static void *worker(void *arg)
 {
 	struct threadpool *tp = arg;
 	uint32_t seen = 0;
 	for (;;) {
-		uint32_t gen;
-		uint32_t spins = 0;
-		uint64_t until = 0;
-		/* Acquire pairs with the release increment in threadpool_run(). */
-		while ((gen = __atomic_load_n(&tp->generation, __ATOMIC_ACQUIRE)) == seen) {
-			cpu_relax();
-			if (++spins % 64)
-				continue;
-			uint64_t t = now_ns();
-			if (!until)
-				until = t + SPIN_NS;
-			if (t < until)
-				continue;
-			__atomic_fetch_add(&tp->sleepers, 1, __ATOMIC_SEQ_CST);
-			futex(&tp->generation, FUTEX_WAIT_PRIVATE, seen);
-			__atomic_fetch_sub(&tp->sleepers, 1, __ATOMIC_SEQ_CST);
-			until = 0;
-		}
-		seen = gen;
+		uint32_t s = wait_run(tp, seen);
+		seen = RUN_GEN(s);
 		if (__atomic_load_n(&tp->stop, __ATOMIC_ACQUIRE))
 			return NULL;
+		if (!join(tp, s))
+			continue;
 		run_tasks(tp);
-		/* Release pairs with the caller's acquire wait on busy. */
-		__atomic_fetch_sub(&tp->busy, 1, __ATOMIC_RELEASE);
+		leave(tp);
 	}
 }
 
-static void publish(struct threadpool *tp)
+/* A new generation, open or not, with no worker inside. */
+static void publish(struct threadpool *tp, uint32_t open)
 {
-	__atomic_fetch_add(&tp->generation, 1, __ATOMIC_SEQ_CST);
+	uint32_t s = __atomic_load_n(&tp->state, __ATOMIC_RELAXED);
+	uint32_t next = (RUN_GEN(s) + 1) << RUN_GEN_SHIFT | open;
+	__atomic_store_n(&tp->state, next, __ATOMIC_SEQ_CST);
 	if (__atomic_load_n(&tp->sleepers, __ATOMIC_SEQ_CST))
-		futex(&tp->generation, FUTEX_WAKE_PRIVATE, INT32_MAX);
+		futex(&tp->state, FUTEX_WAKE_BITSET_PRIVATE, INT32_MAX, WAKE_WORKERS);
 }
 
 int threadpool_create(struct threadpool **out, uint32_t n_threads)
 {
-	if (n_threads == 0)
+	if (n_threads == 0 || n_threads - 1 > RUN_ACTIVE)
 		return -EINVAL;
 	struct threadpool *tp = calloc(1, sizeof(*tp));
 	if (!tp)
@@ -130,7 +187,7 @@ void threadpool_destroy(struct threadpool *tp)
 	if (!tp)
 		return;
 	__atomic_store_n(&tp->stop, 1, __ATOMIC_RELEASE);
-	publish(tp);
+	publish(tp, 0);
 	for (uint32_t i = 0; i + 1 < tp->n_threads; i++)
 		pthread_join(tp->threads[i], NULL);
 	free(tp->threads);
@@ -142,6 +199,31 @@ uint32_t threadpool_size(const struct threadpool *tp)
 	return tp->n_threads;
 }
 
+/* Close the run and wait for the workers inside it; their writes are visible after. */
+static void close_run(struct threadpool *tp)
+{
+	__atomic_fetch_and(&tp->state, ~RUN_OPEN, __ATOMIC_RELAXED);
+	uint64_t start = 0;
+	uint32_t s;
+	/* Acquire pairs with each worker's release decrement. */
+	for (uint32_t spins = 1; (s = __atomic_load_n(&tp->state, __ATOMIC_ACQUIRE)) & RUN_ACTIVE;
+	     spins++) {
+		cpu_relax();
+		if (spins % 64)
+			continue;
+		uint64_t t = now_ns();
+		if (!start)
+			start = t;
+		if (t - start < WAIT_SPIN_NS)
+			continue;
+		__atomic_store_n(&tp->caller_sleeps, 1, __ATOMIC_SEQ_CST);
+		s = __atomic_load_n(&tp->state, __ATOMIC_SEQ_CST);
+		if (s & RUN_ACTIVE)
+			futex(&tp->state, FUTEX_WAIT_BITSET_PRIVATE, s, WAKE_CALLER);
+		__atomic_store_n(&tp->caller_sleeps, 0, __ATOMIC_RELAXED);
+	}
+}
+
 void threadpool_run(struct threadpool *tp, tp_task_fn fn, void *ctx, uint32_t n_tasks)
 {
 	if (tp->n_threads == 1 || n_tasks <= 1) {
@@ -149,23 +231,13 @@ void threadpool_run(struct threadpool *tp, tp_task_fn fn, void *ctx, uint32_t n_
 			fn(ctx, t);
 		return;
 	}
+	/* No worker is inside: the last run's close_run() saw none, and none can join a closed run. */
 	tp->fn = fn;
 	tp->ctx = ctx;
 	tp->n_tasks = n_tasks;
 	__atomic_store_n(&tp->next_task, 0, __ATOMIC_RELAXED);
-	__atomic_store_n(&tp->busy, tp->n_threads - 1, __ATOMIC_RELAXED);
-	publish(tp);
+	publish(tp, RUN_OPEN);
+	/* Tasks are claimed with fetch_add: the caller alone can do them all. */
 	run_tasks(tp);
-	/* Acquire pairs with each worker's release decrement: their writes are visible after. */
-	uint64_t start = 0;
-	for (uint32_t spins = 1; __atomic_load_n(&tp->busy, __ATOMIC_ACQUIRE) != 0; spins++) {
-		cpu_relax();
-		if (spins % 64)
-			continue;
-		uint64_t t = now_ns();
-		if (!start)
-			start = t;
-		else if (t - start > YIELD_NS)
-			sched_yield();
-	}
+	close_run(tp);
 }

@@ -16,7 +16,9 @@ uint32_t threadpool_size(const struct threadpool *tp);
 
 /*
  * Run fn(ctx, 0..n_tasks-1) across the pool and the calling thread; returns
- * when all are done. Not reentrant: one run at a time per pool.
+ * when all are done. Workers join while tasks are left to claim, and the
+ * caller waits only for those that joined: one that is descheduled or
+ * asleep is not waited for. Not reentrant: one run at a time per pool.
  */
 void threadpool_run(struct threadpool *tp, tp_task_fn fn, void *ctx, uint32_t n_tasks);
 
