@@ -18,8 +18,10 @@
 #include "daemon/engine/generate.h"
 #include "daemon/engine/kvpool.h"
 #include "daemon/engine/sampler.h"
+#include "daemon/model/gguf.h"
 #include "daemon/model/model.h"
 #include "kernels/backend.h"
+#include "tests/lib/gguf_patch.h"
 
 #define MAX_ROWS 64
 
@@ -701,6 +703,72 @@ static void test_refused_files(void **state)
 	}
 }
 
+/* Load the default model with kv and tensor added; rc, and the refusal's text in err. */
+static int load_extended(const struct gguf_add_kv *kv, int n_kv, const char *tensor, char *err,
+			 size_t errlen)
+{
+	char path[] = "/tmp/kvd-test-engine-XXXXXX";
+	int fd = mkstemp(path), untouched;
+	assert_true(fd >= 0);
+	close(fd);
+	int rc = gguf_extend(model_path(), path, kv, n_kv, tensor, 32);
+	if (rc) {
+		unlink(path);
+		fail_msg("gguf_extend: %d", rc);
+	}
+	rc = try_load(path, err, errlen, &untouched);
+	unlink(path);
+	assert_true(rc == 0 || untouched);
+	return rc;
+}
+
+/*
+ * What a newer converter adds that changes the math is refused by name,
+ * never ignored: a tensor the forward pass does not read (Llama 3's
+ * rope_freqs) and metadata for RoPE scaling, another head size or experts.
+ * What changes nothing (linear scaling by 1, a key_length equal to the
+ * head size) still loads, so the refusals are for the additions alone.
+ */
+static void test_refused_additions(void **state)
+{
+	(void)state;
+	need_model();
+	static const struct {
+		struct gguf_add_kv kv[2];
+		int n_kv;
+		const char *tensor;
+		const char *named;	/* NULL: loads */
+	} cases[] = {
+		{ { { 0 } }, 0, "rope_freqs.weight", "rope_freqs.weight" },
+		{ { { 0 } }, 0, "blk.0.post_attention_norm.weight", "blk.0.post_attention_norm.weight" },
+		{ { { "llama.rope.scaling.type", GGUF_VT_STRING, "linear", 0, 0 },
+		    { "llama.rope.scaling.factor", GGUF_VT_F32, NULL, 0, 4.0f } }, 2, NULL,
+		  "llama.rope.scaling.type" },
+		{ { { "llama.rope.scaling.type", GGUF_VT_STRING, "yarn", 0, 0 } }, 1, NULL, "yarn" },
+		{ { { "llama.rope.scaling.type", GGUF_VT_STRING, "linear", 0, 0 },
+		    { "llama.rope.scaling.factor", GGUF_VT_F32, NULL, 0, 1.0f } }, 2, NULL, NULL },
+		{ { { "llama.rope.scaling.type", GGUF_VT_STRING, "none", 0, 0 } }, 1, NULL, NULL },
+		{ { { "llama.attention.key_length", GGUF_VT_U32, NULL, 128, 0 } }, 1, NULL,
+		  "llama.attention.key_length" },
+		{ { { "llama.attention.value_length", GGUF_VT_U32, NULL, 64, 0 } }, 1, NULL, NULL },
+		{ { { "llama.expert_count", GGUF_VT_U32, NULL, 8, 0 } }, 1, NULL, "llama.expert_count" },
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char err[512] = "";
+		int rc = load_extended(cases[i].kv, cases[i].n_kv, cases[i].tensor, err, sizeof(err));
+		const char *what = cases[i].tensor ? cases[i].tensor : cases[i].kv[0].key;
+		if (!cases[i].named) {
+			if (rc)
+				fail_msg("case %zu (%s): refused: %s", i, what, err);
+			continue;
+		}
+		if (rc != -ENOTSUP || !strstr(err, cases[i].named))
+			fail_msg("case %zu (%s): rc %d, '%s' does not name %s", i, what, rc, err,
+				 cases[i].named);
+		printf("refused: %s\n", err);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -708,6 +776,7 @@ int main(void)
 		cmocka_unit_test(test_prefill_chunks),
 		cmocka_unit_test(test_bad_batches),
 		cmocka_unit_test(test_refused_files),
+		cmocka_unit_test(test_refused_additions),
 		cmocka_unit_test(test_prefix_hit),
 		cmocka_unit_test(test_generate),
 		cmocka_unit_test(test_pool_full),

@@ -58,6 +58,8 @@ static int bind(struct model *m, const char *name, struct kb_weight *w, uint64_t
 	if (kb_type_block(t->type, &be, &bb))
 		return log_errf(err, errlen, -ENOTSUP, "tensor '%s': type %s not supported by the backend",
 			    name, kb_type_name(t->type));
+	if (m->used)
+		m->used[t - m->gguf->tensors] = 1;
 	w->data = t->data;
 	w->type = t->type;
 	w->rows = (uint32_t)want_rows;
@@ -198,6 +200,62 @@ static int load_weights(struct model *m, char *err, size_t errlen)
 	return 0;
 }
 
+/*
+ * Metadata that changes the forward pass where kvd has no code for it: a
+ * file that sets one is refused by name rather than run without it.
+ */
+static int check_math_keys(struct model *m, char *err, size_t errlen)
+{
+	const struct model_hparams *hp = &m->hp;
+	char key[96], fkey[96];
+	struct gguf_str s;
+	float f;
+	uint32_t v;
+	arch_key(m, "rope.scaling.type", key, sizeof(key));
+	if (!gguf_get_str(m->gguf, key, &s) && !(s.len == 4 && !memcmp(s.ptr, "none", 4))) {
+		arch_key(m, "rope.scaling.factor", fkey, sizeof(fkey));
+		/* "linear" by a factor of 1 is no scaling at all. */
+		if (!(s.len == 6 && !memcmp(s.ptr, "linear", 6) &&
+		      (gguf_get_f32(m->gguf, fkey, &f) || f == 1.0f)))
+			return log_errf(err, errlen, -ENOTSUP,
+				    "metadata '%s' = '%.*s': kvd does no RoPE scaling, and would "
+				    "rotate every position by the wrong angle",
+				    key, (int)(s.len > 32 ? 32 : s.len), s.ptr);
+	}
+	static const char *const dims[] = { "attention.key_length", "attention.value_length" };
+	for (int i = 0; i < 2; i++) {
+		arch_key(m, dims[i], key, sizeof(key));
+		if (!gguf_get_u32(m->gguf, key, &v) && v != hp->head_dim)
+			return log_errf(err, errlen, -ENOTSUP,
+				    "metadata '%s' = %u: a head size other than dim / heads (%u) "
+				    "is not supported", key, v, hp->head_dim);
+	}
+	arch_key(m, "expert_count", key, sizeof(key));
+	if (!gguf_get_u32(m->gguf, key, &v) && v > 0)
+		return log_errf(err, errlen, -ENOTSUP,
+			    "metadata '%s' = %u: mixture-of-experts models are not supported", key, v);
+	return 0;
+}
+
+/* Every tensor of the file is one the forward pass reads: refuse the first it would ignore. */
+static int check_all_used(const struct model *m, char *err, size_t errlen)
+{
+	for (uint64_t i = 0; i < m->gguf->n_tensors; i++) {
+		if (m->used[i])
+			continue;
+		const struct gguf_str *n = &m->gguf->tensors[i].name;
+		int len = (int)(n->len > 64 ? 64 : n->len);
+		if (n->len == 17 && !memcmp(n->ptr, "rope_freqs.weight", 17))
+			return log_errf(err, errlen, -ENOTSUP,
+				    "tensor 'rope_freqs.weight': Llama 3 RoPE frequency factors "
+				    "are not supported, and without them every position is wrong");
+		return log_errf(err, errlen, -ENOTSUP,
+			    "tensor '%.*s': not part of the %s forward pass kvd runs; refusing "
+			    "rather than running the model without it", len, n->ptr, m->hp.arch);
+	}
+	return 0;
+}
+
 int model_load(struct model **out, const char *path, char *err, size_t errlen)
 {
 	struct model *m = calloc(1, sizeof(*m));
@@ -206,11 +264,20 @@ int model_load(struct model **out, const char *path, char *err, size_t errlen)
 	int rc = gguf_open(&m->gguf, path, err, errlen);
 	if (rc)
 		goto err_free;
-	if ((rc = load_hparams(m, path, err, errlen)) || (rc = load_weights(m, err, errlen)))
+	m->used = calloc(m->gguf->n_tensors ? m->gguf->n_tensors : 1, 1);
+	if (!m->used) {
+		rc = -ENOMEM;
 		goto err_close;
+	}
+	if ((rc = load_hparams(m, path, err, errlen)) || (rc = check_math_keys(m, err, errlen)) ||
+	    (rc = load_weights(m, err, errlen)) || (rc = check_all_used(m, err, errlen)))
+		goto err_close;
+	free(m->used);
+	m->used = NULL;
 	*out = m;
 	return 0;
 err_close:
+	free(m->used);
 	free(m->layers);
 	gguf_close(m->gguf);
 err_free:

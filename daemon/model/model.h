@@ -47,6 +47,7 @@ struct model {
 	const float *output_norm;	/* (dim,) */
 	struct kb_weight output;	/* (vocab, dim); token_embd when tied */
 	struct model_layer *layers;	/* (n_layers,) */
+	uint8_t *used;			/* while loading: (n_tensors,) 1 where bound */
 };
 
 /*

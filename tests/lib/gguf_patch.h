@@ -1,4 +1,4 @@
-/* gguf_patch.h — a copy of a GGUF file with one integer metadata value changed, for tests. */
+/* gguf_patch.h — a copy of a GGUF file with one integer metadata value changed, or keys and a tensor added, for tests. */
 /*
  * A test that needs a model with other hyperparameters (a short context,
  * say) copies the real one and overwrites the value of one key in place:
@@ -18,5 +18,24 @@
  * its type is not an integer or value does not fit it, or -errno.
  */
 int gguf_patch_int(const char *src, const char *dst, const char *key, uint64_t value);
+
+/* A metadata entry to add: type is GGUF_VT_STRING (str), GGUF_VT_U32 (u32) or GGUF_VT_F32 (f32). */
+struct gguf_add_kv {
+	const char *key;
+	uint32_t type;
+	const char *str;
+	uint32_t u32;
+	float f32;
+};
+
+/*
+ * Copy src to dst with n_kv entries added after its own and, when tensor is
+ * not NULL, one more 1-D F32 tensor of that name and n_elems ones after the
+ * file's last: what a converter that knows more than kvd would write. The
+ * file is parsed with daemon/model/gguf.c, so src must be valid. 0, or
+ * -errno (dst removed).
+ */
+int gguf_extend(const char *src, const char *dst, const struct gguf_add_kv *kv, int n_kv,
+		const char *tensor, uint64_t n_elems);
 
 #endif
