@@ -812,8 +812,10 @@ static void swap_weights(struct model *m, struct kb_weight *saved, int to_f32)
  * The CPU backend as the daemon runs it (f16 cache) and with an f32 cache,
  * against the reference (f32 cache): the same weights, only the CPU's
  * rounding of activations to int8 blocks (and of the cache to f16) differs.
- * Bounds of 1e-2 mean and 0.1 max KLD, 80% same top token on a 36-token
- * prompt: an error in a layer would cost far more (a wrong RoPE pairing
+ * Observed: mean KLD 4.5e-3 (f16 cache) and 5.1e-3 (f32), max 4.5e-2,
+ * same top token on 34 and 32 of 36 positions. Bounds of 1e-2 mean and 0.1
+ * max KLD and 75% same top token (on 36 positions a near-tie or two moves
+ * it by 3%): an error in a layer would cost far more (a wrong RoPE pairing
  * or a missed norm gives KLDs of 1 and more). Then the CPU again with
  * every weight made f32 beforehand, where it quantizes nothing: that is
  * the reference's computation by other code, so it must agree to f32
@@ -840,7 +842,7 @@ static void test_model(void **state)
 			      kb_type_name(kv[i]), n, k.mean, k.max, k.same_top, k.n);
 		assert_true(k.mean < 1e-2);
 		assert_true(k.max < 0.1);
-		assert_true(k.same_top * 10 >= k.n * 8);
+		assert_true(k.same_top * 4 >= k.n * 3);
 	}
 	static struct kb_weight saved[2 + 7 * 64];
 	swap_weights(fx.m, saved, 1);
