@@ -580,6 +580,9 @@ static int finish(struct kvd_options *o, char *err, size_t errlen)
 	int rc = finish_perplexity(o, err, errlen);
 	if (rc)
 		return rc;
+	/* The reference quantizes no activation: an f32 cache, unless kv-type was set. */
+	if (o->backend == KB_BACKEND_REF && o->origin[find_opt("kv-type", 7)].src == CONFIG_SRC_DEFAULT)
+		o->kv_type = KB_F32;
 	if (!o->model) {
 		rc = find_model(o);
 		if (rc)

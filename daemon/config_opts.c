@@ -13,8 +13,9 @@ static const char *const kv_types[] = { "f16", "f32", "q8_0", NULL };
 static const int kv_type_vals[] = { KB_F16, KB_F32, KB_Q8_0 };
 static const char *const bpf_modes[] = { "auto", "on", "off", NULL };
 static const int bpf_vals[] = { KVD_BPF_AUTO, KVD_BPF_ON, KVD_BPF_OFF };
-static const char *const backends[] = { "auto", "cpu", "cuda", NULL };
-static const int backend_vals[] = { KB_BACKEND_AUTO, KB_BACKEND_CPU, KB_BACKEND_CUDA };
+static const char *const backends[] = { "auto", "cpu", "cuda", "ref", NULL };
+static const int backend_vals[] = { KB_BACKEND_AUTO, KB_BACKEND_CPU, KB_BACKEND_CUDA,
+				    KB_BACKEND_REF };
 
 #define O(f) .off = offsetof(struct kvd_options, f)
 #define S(f) .off = offsetof(struct kvd_options, srv.f)
@@ -124,9 +125,15 @@ const struct cfg_opt config_opts[] = {
 		 "current directory. When none does, kvd names the places it looked and exits 1.\n"
 		 "A relative\n.I PATH\nis taken from the current directory." },
 	{ "backend", 0, CT_ENUM, 0, SEC_DAEMON, O(backend), ENUM(backends, backend_vals), .arg = "B",
-	  .help = "auto (CUDA when a device is present), cpu, cuda",
-	  .man = ".B auto\n(CUDA when a device is present, else the CPU),\n.B cpu\nor\n.BR cuda .\n"
-		 "A kvd built without the CUDA backend refuses\n.BR cuda ." },
+	  .help = "auto (CUDA when a device is present), cpu, cuda, or ref\n"
+		  "(exact f32/f64 reference, one thread, slow; f32 KV by default)",
+	  .man = ".B auto\n(CUDA when a device is present, else the CPU),\n.BR cpu ,\n.B cuda\nor\n.BR ref .\n"
+		 "A kvd built without the CUDA backend refuses\n.BR cuda .\n"
+		 ".B ref\nis the exact reference the fast kernels are measured against: weights\n"
+		 "dequantized to f32, activations never quantized, every sum in f64, on one\n"
+		 "thread and many times slower than\n.BR cpu ;\n"
+		 "its KV cache is f32 unless\n.B kv\\-type\nis set (f16 and q8_0 are then stored as\n"
+		 "asked and read back exactly).\n.B auto\nnever picks it." },
 	{ "threads", 't', CT_U32, 0, SEC_MODEL, O(threads), RANGE(0, 1024), .arg = "N",
 	  .help = "compute threads (default 0: all cores)",
 	  .man = "Compute threads (default 0: one per core)." },

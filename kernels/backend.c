@@ -19,6 +19,8 @@ int backend_parse(const char *name, enum kb_kind *out)
 		*out = KB_BACKEND_CPU;
 	else if (!strcmp(name, "cuda"))
 		*out = KB_BACKEND_CUDA;
+	else if (!strcmp(name, "ref"))
+		*out = KB_BACKEND_REF;
 	else
 		return -EINVAL;
 	return 0;
@@ -34,6 +36,10 @@ enum kb_kind backend_choose(enum kb_kind want, int cuda_built, int n_devices, ch
 	if (want == KB_BACKEND_CUDA) {
 		snprintf(why, whylen, "cuda backend: requested");
 		return KB_BACKEND_CUDA;
+	}
+	if (want == KB_BACKEND_REF) {
+		snprintf(why, whylen, "ref backend: requested (exact f32/f64 reference, one thread)");
+		return KB_BACKEND_REF;
 	}
 	if (!cuda_built) {
 		snprintf(why, whylen, "cpu backend: auto, and kvd was built without CUDA");
@@ -248,6 +254,10 @@ int backend_create(struct backend **out, enum kb_kind want, uint32_t n_threads, 
 	const int built = 0;
 #endif
 	int n_dev = 0;
+	if (want == KB_BACKEND_REF) {
+		backend_choose(want, built, 0, why, whylen);
+		return backend_ref_create(out, n_threads);
+	}
 	if (want != KB_BACKEND_CPU && built) {
 		if (!backend_cuda_load(reason, sizeof(reason), &path)) {
 			if (want == KB_BACKEND_CUDA) {

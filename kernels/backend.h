@@ -187,6 +187,13 @@ struct backend {
 int backend_cpu_create(struct backend **out, uint32_t n_threads);
 
 /*
+ * The exact reference backend (kernels/ref): weights dequantized to f32,
+ * activations never quantized, every sum in f64; slow, and what the fast
+ * kernels are measured against. n_threads is ignored: it runs on one.
+ */
+int backend_ref_create(struct backend **out, uint32_t n_threads);
+
+/*
  * The CUDA backend on device dev, from its shared object (below). -ENODEV
  * when there is no usable device, -ELIBACC when the object cannot be
  * loaded, -ENOSYS when kvd was built without CUDA; why receives the reason.
@@ -232,13 +239,15 @@ const struct kb_cuda_api *KB_CUDA_ENTRY(void);
  */
 const struct kb_cuda_api *backend_cuda_load(char *why, size_t whylen, const char **path);
 
-enum kb_kind { KB_BACKEND_AUTO, KB_BACKEND_CPU, KB_BACKEND_CUDA };
+/* KB_BACKEND_REF is only ever chosen by name: auto never picks it. */
+enum kb_kind { KB_BACKEND_AUTO, KB_BACKEND_CPU, KB_BACKEND_CUDA, KB_BACKEND_REF };
 
-/* "auto", "cpu" or "cuda" to kind; -EINVAL for anything else. */
+/* "auto", "cpu", "cuda" or "ref" to kind; -EINVAL for anything else. */
 int backend_parse(const char *name, enum kb_kind *out);
 /*
  * What a request becomes: auto picks CUDA when it is built in and a device
- * is present, else the CPU; cuda stays cuda (and then fails without one).
+ * is present, else the CPU; cuda stays cuda (and then fails without one),
+ * ref stays ref.
  * why receives the reason in words.
  */
 enum kb_kind backend_choose(enum kb_kind want, int cuda_built, int n_devices, char *why,

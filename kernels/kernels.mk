@@ -1,9 +1,9 @@
-# kernels/ — compute backends. The CPU backend is always built; the CUDA
+# kernels/ — compute backends. The CPU and reference backends are always built; the CUDA
 # backend, as $(B)/libkvd-cuda.so, when nvcc is available (CUDA=auto) or
 # demanded (CUDA=1).
 # kernels/cuda/*.c holds the CUDA backend's launch planning in plain C: always
 # built, so its unit tests run on machines without nvcc too.
-KERNELS_SRCS := $(wildcard kernels/*.c kernels/cpu/*.c kernels/cuda/*.c)
+KERNELS_SRCS := $(wildcard kernels/*.c kernels/cpu/*.c kernels/ref/*.c kernels/cuda/*.c)
 KERNELS_OBJS := $(KERNELS_SRCS:%.c=$(B)/%.o)
 
 CUDA_SRCS := $(wildcard kernels/cuda/*.cu)
@@ -50,3 +50,5 @@ $(B)/kernels/cuda/%.o: kernels/cuda/%.cu
 
 # The CPU kernels are the hot path: let the compiler unroll and vectorise them.
 $(B)/kernels/cpu/%.o: CFLAGS += -O3
+# The reference backend too: without -ffast-math that changes no sum's order.
+$(B)/kernels/ref/%.o: CFLAGS += -O3

@@ -309,7 +309,7 @@ static void test_file_bad_values(void **state)
 		   "warning, notice, info, debug");
 	file_error("bpf = maybe\n", "1: bad value 'maybe' for bpf: expected one of auto, on, off");
 	file_error("backend = tpu\n",
-		   "1: bad value 'tpu' for backend: expected one of auto, cpu, cuda");
+		   "1: bad value 'tpu' for backend: expected one of auto, cpu, cuda, ref");
 	file_error("prefix-global = sure\n",
 		   "1: bad value 'sure' for prefix-global: expected yes or no");
 	file_error("kv-mem = 12T\n",
@@ -410,7 +410,7 @@ static void test_command_line_errors(void **state)
 		  "--max-sessions", "lots", NULL);
 	cli_error("bad value '2' for --top-p: expected a number from 0 to 1", "--top-p", "2", NULL);
 	cli_error("bad value 'nan' for --temp: expected a number from 0 to 100", "--temp", "nan", NULL);
-	cli_error("bad value 'gpu' for --backend: expected one of auto, cpu, cuda",
+	cli_error("bad value 'gpu' for --backend: expected one of auto, cpu, cuda, ref",
 		  "--backend=gpu", NULL);
 	cli_error("unexpected argument 'extra'", "--info", "extra", NULL);
 }

@@ -17,6 +17,7 @@ daemon/serve|daemon/serve daemon/engine daemon/model daemon/tokenizer kernels/ba
 daemon|daemon kernels/backend.h uapi shm bpf/kvd_load.h bpf/kvd_pin.h
 kernels|kernels/backend.h
 kernels/cpu|kernels/cpu kernels/backend.h
+kernels/ref|kernels/ref kernels/backend.h
 kernels/cuda|kernels/cuda kernels/backend.h
 bpf|bpf uapi vmlinux.h kvd.skel.h bpf/kvd.skel.h
 tools|tools shm/kvclient.h shm/kvring.h uapi bpf/kvd_load.h bpf/kvd_pin.h
