@@ -1,4 +1,4 @@
-/* test_perplexity.c — kvd --perplexity and --kl-divergence: the 16-bit rows, the base file, its refusals, and the PPL against a plain loop. */
+/* test_perplexity.c — kvd --perplexity and --kl-divergence: the 16-bit rows, the base file, its refusals, the PPL against a plain loop, and a file llama-perplexity wrote. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -36,6 +36,7 @@ static char TEXT[128], BASE[128], BAD[128];
 static char OUT[1 << 16], ERR[1 << 16];	/* the last run's stdout and stderr */
 static int STATUS;
 static int PTY;				/* run_kvd puts stderr on a terminal */
+static const char *MODEL;		/* run_kvd's model, when not the fixture's */
 static struct fixture FX;
 static float *LOGITS;
 static double PPL_PLAIN = -1;		/* test_base_file's plain run, for test_reference */
@@ -100,7 +101,8 @@ static void slurp(int fd, char *buf, size_t cap)
 /* Run kvd on the CPU, one thread, with the test's model and args (NULL-terminated); output into OUT, ERR. */
 static int run_kvd(const char *first, ...)
 {
-	const char *argv[32] = { bin(), "--backend", "cpu", "-t", "1", "-m", fixture_model_path() };
+	const char *argv[32] = { bin(), "--backend", "cpu", "-t", "1", "-m",
+				 MODEL ? MODEL : fixture_model_path() };
 	int argc = 7;
 	va_list ap;
 	va_start(ap, first);
@@ -510,6 +512,54 @@ static void test_progress(void **state)
 	assert_null(strstr(ERR, "perplexity: chunk"));
 }
 
+/* ---- (e) the round trip with llama.cpp's tool ---- */
+
+/*
+ * tests/golden/gen_tiny.py made a tiny model (random F32 weights, the
+ * default model's tokenizer cut to 512 tokens) and had llama-perplexity
+ * write tiny.kld for it over the GPL; it printed the PPL kept in
+ * tiny.txt. kvd reads llama.cpp's file and computes the same model: the
+ * divergence is only the file's 16-bit rounding.
+ */
+#define TINY "tests/golden/tiny.gguf"
+#define TINY_KLD "tests/golden/tiny.kld"
+#define TINY_TXT "tests/golden/tiny.txt"
+
+static double tiny_peer_ppl(void)
+{
+	FILE *f = fopen(TINY_TXT, "r");
+	char line[256];
+	double v = -1;
+	while (f && fgets(line, sizeof(line), f))
+		if (sscanf(line, "ppl %lf", &v) == 1)
+			break;
+	if (f)
+		fclose(f);
+	return v;
+}
+
+static void test_peer_file(void **state)
+{
+	(void)state;
+	double peer = tiny_peer_ppl();
+	assert_true(peer > 1);
+	MODEL = TINY;
+	int rc = run_kvd("--kl-divergence-base", TINY_KLD, "--kl-divergence", NULL);
+	MODEL = NULL;
+	expect_exit(rc, 0);
+	double kld = value_after("Mean    KLD: "), top = value_after("Same top p: ");
+	double ppl_q = value_after("Mean PPL(Q)                   : ");
+	double ppl_base = value_after("Mean PPL(base)                : ");
+	print_message("llama-perplexity's file for the tiny model: PPL %.4f (llama.cpp %.4f, from the file "
+		      "%.4f), mean KLD %.6f, same top %.3f%%\n", ppl_q, peer, ppl_base, kld, top);
+	/* The 16-bit rows' rounding is 16/65535 in a log-probability: a KLD of a few 1e-6. */
+	assert_true(fabs(kld) < 1e-4);
+	assert_float_equal(top, 100.0, 1e-9);
+	/* llama-perplexity prints 4 decimals; both engines' float math sits far inside that. */
+	assert_float_equal(ppl_q, peer, 1e-4 * peer);
+	assert_float_equal(ppl_base, peer, 1e-3 * peer);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -520,6 +570,7 @@ int main(void)
 		cmocka_unit_test(test_bad_base),
 		cmocka_unit_test(test_reference),
 		cmocka_unit_test(test_progress),
+		cmocka_unit_test(test_peer_file),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }
