@@ -4,7 +4,7 @@
 # Five figures, each measured the same way on both engines, llama.cpp's
 # tools (built by tests/peer/build.sh from the pinned llama-cpp-python sdist)
 # against kvd's own benchmarks:
-#   prefill pp512, decode tg128   llama-bench -p 512 -n 128 -r 1  vs  tests/bench_engine (one run)
+#   prefill pp512, decode tg128   llama-bench -p 512 -n 128 -r 5  vs  tests/bench_engine (5 runs)
 #   aggregate decode, 16 streams  llama-batched-bench -npp 128 -ntg 128 -npl 16  vs  tests/bench_batch 16
 #   serving, 16 clients 128/128   llama-server -np 16 + tests/peer/loadgen.py  vs  kvd + kvbench
 #   mean KLD vs the F32 model     llama-perplexity --kl-divergence  vs  kvd --kl-divergence, one base
@@ -182,18 +182,27 @@ interleave() {
 	done
 }
 
-pptg_llama() {
-	f=$raw/pptg-$1-llama.cpp
-	bounded "$f" 180 "$PEER_BIN/llama-bench" -m "$MODEL" -p 512 -n 128 -t $THREADS -r 1 \
-		-o jsonl || return 0
-	record pp512 llama "$(jget "$f" avg_ts '"n_prompt": 512, "n_gen": 0,')"
-	record tg128 llama "$(jget "$f" avg_ts '"n_prompt": 0, "n_gen": 128,')"
+# samples FILE REGEX: the median of the "samples_ts" list on the line of FILE matching REGEX.
+samples() {
+	sed -n "/$2/s/.*\"samples_ts\": *\[\([^]]*\)\].*/\1/p" "$1" | head -1 | tr ',' '\n' |
+		sort -g | awk 'NF { v[++n] = $1 }
+		END { if (n) print n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2 }'
 }
 
-# bench_engine's quick mode is one run: pp512, then tg128 from an empty cache.
+# As bench_engine: $pp_reps repetitions of each test (its median), after a warm-up unless quick.
+pptg_llama() {
+	f=$raw/pptg-$1-llama.cpp
+	bounded "$f" 300 "$PEER_BIN/llama-bench" -m "$MODEL" -p 512 -n 128 -t $THREADS -r $pp_reps \
+		$pp_warm -o jsonl || return 0
+	record pp512 llama "$(samples "$f" '"n_prompt": 512, "n_gen": 0,')"
+	record tg128 llama "$(samples "$f" '"n_prompt": 0, "n_gen": 128,')"
+}
+
+# bench_engine: pp512, then tg128 from an empty cache; the median of 5 runs after a warm-up
+# one (quick: one run).
 pptg_kvd() {
 	f=$raw/pptg-$1-kvd
-	bounded "$f" 180 env KVD_BENCH_QUICK=1 KVD_MODEL="$MODEL" "$B/tests/bench_engine" || return 0
+	bounded "$f" 300 env KVD_BENCH_QUICK=$quick KVD_MODEL="$MODEL" "$B/tests/bench_engine" || return 0
 	record pp512 kvd "$(awk -F'|' '/\(pp512\)/ { print $3 + 0 }' "$f")"
 	record tg128 kvd "$(awk -F'|' '/\(tg128\)/ { print $3 + 0 }' "$f")"
 }
@@ -202,8 +211,9 @@ batch_llama() {
 	f=$raw/batch16-$1-llama.cpp
 	bounded "$f" 300 "$PEER_BIN/llama-batched-bench" -m "$MODEL" -c 4096 -b 2048 -ub 512 \
 		-npp 128 -ntg $ntg -npl 16 -t $THREADS --output-format jsonl || return 0
-	# The log goes to stdout or stderr depending on the build: look in both.
-	record batch16 llama "$(cat "$f" "$f.err" | grep '"speed_tg"' >"$f.jsonl"; jget "$f.jsonl" speed_tg)"
+	# Its table goes through llama.cpp's log, stdout or stderr by build: look in both.
+	cat "$f" "$f.err" | grep '"speed_tg"' >"$f.jsonl"
+	record batch16 llama "$(jget "$f.jsonl" speed_tg)"
 }
 
 # bench_batch 16: 16 sequences of 128-token prompts, then steps decoding all 16 at once.
@@ -242,6 +252,7 @@ serve_llama() {
 serve_kvd() {
 	f=$raw/serve16-$1-kvd
 	sock=$dir/kvd.sock
+	rm -f "$sock"
 	timeout -k 10 600 "$B/kvd" --model "$MODEL" --socket "$sock" -t $THREADS >"$f.server" 2>&1 &
 	srv_pid=$!
 	n=0
@@ -283,7 +294,7 @@ kld() {
 			{ rm -f "$base"; return 0; }
 	fi
 	cur_fig=kld cur_eng=llama
-	bounded "$raw/kld-llama.cpp" 300 "$PEER_BIN/llama-perplexity" -m "$MODEL" -t $THREADS \
+	bounded "$raw/kld-llama.cpp" 300 "$PEER_BIN/llama-perplexity" -m "$MODEL" -c 512 -t $THREADS \
 		--kl-divergence-base "$base" --kl-divergence &&
 		record kld llama "$(awk '/^Mean +KLD:/ { print $3; exit }' "$raw/kld-llama.cpp")"
 	cur_fig=kld cur_eng=kvd
@@ -340,8 +351,9 @@ table() {
 				k == "" ? "-" : sprintf("%.0f%%", 100 * k / roof) }'
 		echo "  (above 100%: part of the weights stays in the ${l3:-} L3 between tokens, or the probe saw a loaded machine)"
 	fi
-	echo "runs: llama.cpp/kvd runs that gave a figure (*: one timed out, the rest skipped). pp512/tg128: llama-bench -r 1 (its warm-up run"
-	echo "  first) vs one bench_engine run; 16 streams: llama-batched-bench S_TG over $ntg steps vs"
+	echo "runs: llama.cpp/kvd runs that gave a figure (*: one timed out, the rest skipped). pp512/tg128:"
+	echo "  each run the median of $pp_reps repetition(s)$([ $quick = 1 ] || echo " after a warm-up"), llama-bench -r $pp_reps vs bench_engine;"
+	echo "  16 streams: llama-batched-bench S_TG over $ntg steps vs"
 	echo "  bench_batch 16 ($kvd_steps steps, median of its $kvd_batch_runs); serving: $reqs request(s) per client;"
 	echo "  KLD: $TEXT, 4 chunks of 512, base from the F32 model via llama-perplexity"
 }
@@ -375,9 +387,9 @@ all() {
 }
 
 if [ $quick = 1 ]; then
-	ntg=32 kvd_steps=16 kvd_batch_runs=1 membw_mib=512 membw_passes=9
+	ntg=32 kvd_steps=16 kvd_batch_runs=1 membw_mib=512 membw_passes=9 pp_reps=1 pp_warm=--no-warmup
 else
-	ntg=128 kvd_steps=64 kvd_batch_runs=3 membw_mib=1024 membw_passes=15
+	ntg=128 kvd_steps=64 kvd_batch_runs=3 membw_mib=1024 membw_passes=15 pp_reps=5 pp_warm=
 fi
 [ -f "$MODEL" ] || die "$MODEL is missing (make model)"
 peer_bin
