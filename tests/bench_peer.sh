@@ -94,8 +94,9 @@ peer_version() {
 			commit=$(git --git-dir="$dir/sdist/$top/.git" --work-tree="$dir/sdist" \
 				ls-files -s vendor/llama.cpp 2>/dev/null | cut -d' ' -f2)
 	fi
-	echo "${stamp:-llama.cpp tools in $PEER_BIN (no stamp: version unknown)}," \
-		"vendored llama.cpp ${commit:+ggml-org/llama.cpp@$commit}${commit:-commit unknown}"
+	[ -n "$stamp" ] || stamp="tools in $PEER_BIN, not stamped by build.sh; sdist ${top:-unknown}"
+	echo "$stamp, vendored llama.cpp ${commit:-commit unknown (no git, or no sdist beside the tools)}" |
+		sed 's/llama.cpp \([0-9a-f]\{40\}\)/ggml-org\/llama.cpp@\1/'
 }
 
 header() {
@@ -283,7 +284,7 @@ kld() {
 	f32=$B/peer/smol-f32.gguf
 	base=$B/peer/f32.kld
 	mkdir -p "$B/peer" || return 0
-	if [ ! -s "$base" ] || [ -n "$(find "$MODEL" "$PEER_BIN/llama-perplexity" -newer "$base")" ]; then
+	if [ ! -s "$base" ] || [ -n "$(find -H "$MODEL" "$PEER_BIN/llama-perplexity" -newer "$base")" ]; then
 		rm -f "$base"
 		echo "  writing the F32 base $base (once)"
 		cur_fig=kld cur_eng=llama
@@ -387,7 +388,7 @@ all() {
 }
 
 if [ $quick = 1 ]; then
-	ntg=32 kvd_steps=16 kvd_batch_runs=1 membw_mib=512 membw_passes=9 pp_reps=1 pp_warm=--no-warmup
+	ntg=16 kvd_steps=16 kvd_batch_runs=1 membw_mib=512 membw_passes=9 pp_reps=1 pp_warm=--no-warmup
 else
 	ntg=128 kvd_steps=64 kvd_batch_runs=3 membw_mib=1024 membw_passes=15 pp_reps=5 pp_warm=
 fi
