@@ -65,3 +65,15 @@ bench: all $(BENCH_BINS)
 .PHONY: peer
 peer:
 	@sh tests/peer/build.sh $(B)
+
+# `make bench-peer`: kvd and llama.cpp side by side on the default model, 2
+# threads, interleaved runs (tests/bench_peer.sh); it builds the peer first
+# (`make peer`) unless PEER_BIN names a directory of llama.cpp's tools.
+# QUICK=1: medians of 3 and shorter runs. The DRAM probe gives the roofline.
+PEER_BIN ?=
+$(B)/tests/peer/membw: $(B)/tests/peer/membw.o
+	$(CC) $(LDFLAGS) -o $@ $^ -pthread
+
+.PHONY: bench-peer
+bench-peer: all $(B)/tests/bench_engine $(B)/tests/bench_batch $(B)/tests/peer/membw
+	@B=$(B) PEER_BIN=$(PEER_BIN) BENCH_PEER_QUICK=$(QUICK) sh tests/bench_peer.sh
