@@ -21,6 +21,7 @@
 #include "kernels/cpu/dot.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/quant.h"
+#include "kernels/cpu/repack.h"
 #include "kernels/cpu/threadpool.h"
 #include "tests/lib/wait.h"
 
@@ -504,14 +505,22 @@ static void dot_reference(uint32_t type, const void *row, const float *x,
 #define DOT_COLS 1024
 #define DOT_WROWS 6
 
+static const char *const simd_isas[] = { "avx2", "avx512vnni" };
+#define N_SIMD 2
+
+/*
+ * The portable kernel against the double references, alone and with nr
+ * activation rows (a row's result never depends on nr); then every SIMD
+ * kernel this CPU runs, over the repacked rows, bitwise the portable one.
+ */
 static void test_qdot(void **state)
 {
 	(void)state;
-	static const char *const isas[] = { "generic", "avx2", "avx512vnni" };
 	float x[DOT_MAX_NR][DOT_COLS];
 	struct blk_q8x xq[DOT_MAX_NR][DOT_COLS / QK];
 	const size_t nblk = DOT_COLS / QK;
 	double worst_q = 0.0, worst_x = 0.0, worst_rel = 0.0;
+	int n_simd = 0;
 	rng_seed(31);
 	for (int r = 0; r < DOT_MAX_NR; r++) {
 		rand_xrow(x[r], DOT_COLS, (uint32_t)r);
@@ -521,81 +530,118 @@ static void test_qdot(void **state)
 		uint32_t type = qtypes[t];
 		size_t rb = row_bytes_of(type, DOT_COLS);
 		uint8_t *rows = malloc(rb * DOT_WROWS);
-		qdot_fn fns[3];
-		int nf = 0;
+		float base[DOT_WROWS][DOT_MAX_NR];
 		assert_non_null(rows);
-		for (int i = 0; i < 3; i++) {
-			const char *isa;
-			qdot_fn f = dot_select_q_isa(type, isas[i], &isa);
-			if (f) {
-				assert_string_equal(isa, isas[i]);
-				fns[nf++] = f;
-			}
-		}
-		assert_true(nf >= 1);
-		if (t == 0)
-			printf("dot paths on this CPU: %d of generic/avx2/avx512vnni\n", nf);
 		for (int wr = 0; wr < DOT_WROWS; wr++) {
 			const uint8_t *row = rows + wr * rb;
-			float base[DOT_MAX_NR];
+			float out[2 * DOT_MAX_NR];
 			rand_wrow(type, rows + wr * rb, DOT_COLS);
 			for (int r = 0; r < DOT_MAX_NR; r++)
-				dot_q_generic(type, row, xq[r], nblk, 1, nblk, &base[r], 1);
-			for (int f = 0; f < nf; f++) {
-				for (int nr = 1; nr <= DOT_MAX_NR; nr++) {
-					/* out_stride 2: the odd slots must stay untouched */
-					float out[2 * DOT_MAX_NR];
-					for (int i = 0; i < 2 * DOT_MAX_NR; i++)
-						out[i] = -7.0f;
-					fns[f](row, xq[0], nblk, nr, nblk, out, 2);
-					for (int r = 0; r < DOT_MAX_NR; r++) {
-						float want = r < nr ? base[r] : -7.0f;
-						if (fbits(out[2 * r]) != fbits(want) || out[2 * r + 1] != -7.0f)
-							fail_msg("%s %s row %d: nr %d gives %a, alone generic %a",
-								 type_name(type), isas[f], r, nr,
-								 (double)out[2 * r], (double)want);
-					}
-				}
+				dot_q_generic(type, row, xq[r], nblk, 1, nblk, &base[wr][r], 1);
+			for (int nr = 1; nr <= DOT_MAX_NR; nr++) {
+				/* out_stride 2: the odd slots must stay untouched */
+				for (int i = 0; i < 2 * DOT_MAX_NR; i++)
+					out[i] = -7.0f;
+				dot_q_generic(type, row, xq[0], nblk, nr, nblk, out, 2);
 				for (int r = 0; r < DOT_MAX_NR; r++) {
-					float o;
-					fns[f](row, xq[r], nblk, 1, nblk, &o, 1);
-					assert_int_equal(fbits(o), fbits(base[r]));
+					float want = r < nr ? base[wr][r] : -7.0f;
+					if (fbits(out[2 * r]) != fbits(want) || out[2 * r + 1] != -7.0f)
+						fail_msg("%s row %d: nr %d gives %a, alone %a", type_name(type),
+							 r, nr, (double)out[2 * r], (double)want);
 				}
 			}
 			for (int r = 0; r < DOT_MAX_NR; r++) {
 				struct dot_ref ref;
 				dot_reference(type, row, x[r], xq[r], DOT_COLS, &ref);
-				double eq = fabs(base[r] - ref.q), ex = fabs(base[r] - ref.x);
+				double eq = fabs(base[wr][r] - ref.q), ex = fabs(base[wr][r] - ref.x);
 				if (eq > ref.q_tol || ex > ref.x_tol)
 					fail_msg("%s wrow %d xrow %d: got %.9g, ref(xq) %.9g tol %.3g, ref(x) %.9g bound %.3g",
-						 type_name(type), wr, r, (double)base[r], ref.q, ref.q_tol,
+						 type_name(type), wr, r, (double)base[wr][r], ref.q, ref.q_tol,
 						 ref.x, ref.x_tol);
 				/* Typical rows (plain and outlier): the quantization error is tiny. */
 				if (ex > 1e-2 * ref.abs)
 					fail_msg("%s wrow %d xrow %d: |err| %.3g > 1e-2 sum|wx| %.3g",
 						 type_name(type), wr, r, ex, ref.abs);
-				worst_q = fmax(worst_q, fabs(base[r] - ref.q) / ref.abs);
+				/* Against the kernel's own inputs, f32 rounding alone: 1e-3 of sum|wx| at most. */
+				if (eq > 1e-3 * ref.abs)
+					fail_msg("%s wrow %d xrow %d: |err| vs xq ref %.3g > 1e-3 sum|wx| %.3g",
+						 type_name(type), wr, r, eq, ref.abs);
+				worst_q = fmax(worst_q, eq / ref.abs);
 				worst_x = fmax(worst_x, ex / ref.x_tol);
 				if (r % 2 == 0)
 					worst_rel = fmax(worst_rel, ex / fabs(ref.x));
 			}
 		}
+		/* Six rows repacked: a partial group of eight, its last two lanes padding. */
+		uint8_t *rp = malloc(nblk * rp_blk_bytes(type));
+		assert_non_null(rp);
+		rp_pack(type, rows, rb, DOT_WROWS, nblk, rp);
+		for (int f = 0; f < N_SIMD; f++) {
+			qgemm_fn fn = dot_select_gemm_isa(type, simd_isas[f]);
+			float out[DOT_MAX_NR * 8];
+			if (!fn)
+				continue;
+			n_simd += t == 0;
+			fn(rp, nblk, xq[0], nblk, DOT_MAX_NR, out, 8);
+			for (int r = 0; r < DOT_MAX_NR; r++)
+				for (int i = 0; i < DOT_WROWS; i++)
+					if (fbits(out[r * 8 + i]) != fbits(base[i][r]))
+						fail_msg("%s %s wrow %d xrow %d: %a, portable %a", type_name(type),
+							 simd_isas[f], i, r, (double)out[r * 8 + i],
+							 (double)base[i][r]);
+		}
+		free(rp);
 		free(rows);
 	}
-	printf("dot: max |err|/sum|wx| vs xq ref %.2g; max err/bound vs x ref %.2f; "
-	       "max rel err vs x ref (plain rows) %.2g\n", worst_q, worst_x, worst_rel);
+	printf("dot: %d SIMD kernel sets of avx2/avx512vnni on this CPU; max |err|/sum|wx| vs xq ref %.2g; "
+	       "max err/bound vs x ref %.2f; max rel err vs x ref (plain rows) %.2g\n", n_simd,
+	       worst_q, worst_x, worst_rel);
 }
 
 /*
- * The eight-row kernels: out[r][i] = row_i . x_r, bitwise the one-row
- * portable result, for every activation count, with the output stride
- * respected (column 8 of each output row must stay untouched). Random bytes
- * cover the extremes (nibbles 0 and 15, int8 -128 and 127).
+ * The activation quantizer the matmul uses is quantize_row_q8x() bit for
+ * bit: rows of every scale (f16-subnormal and overflowing scales
+ * included), an all-zero block, ties at half steps.
  */
-static void test_qdot8(void **state)
+static void test_quantize_simd(void **state)
 {
 	(void)state;
-	static const char *const isas[] = { "avx2", "avx512vnni" };
+	static const float scales[] = { 1.0f, 1e-6f, 1e-9f, 3e5f, 1e8f, 0.0f };
+	enum { N = 256 };
+	float x[N];
+	struct blk_q8x want[N / QK], got[N / QK];
+	quantize_fn f = dot_select_quantize();
+	rng_seed(59);
+	for (int it = 0; it < 200; it++) {
+		float sc = scales[it % 6];
+		for (int i = 0; i < N; i++)
+			x[i] = rng_f(-1.0f, 1.0f) * sc;
+		if (it % 7 == 1)	/* exact half steps: 127 / amax * x lands on k + 0.5 */
+			for (int i = 0; i < N; i++)
+				x[i] = i % QK == 0 ? 127.0f : (float)(int)(rng_below(254) - 127) + 0.5f;
+		memset(x + QK, 0, QK * sizeof(float));
+		memset(want, 0x55, sizeof(want));
+		memset(got, 0x55, sizeof(got));
+		quantize_row_q8x(x, want, N);
+		f(x, got, N);
+		for (int k = 0; k < N / QK; k++)
+			if (memcmp(&want[k], &got[k], sizeof(want[k])))
+				fail_msg("quantizer: row %d block %d differs (d %a / %a, s %a / %a, sum %d / %d)",
+					 it, k, (double)want[k].d, (double)got[k].d, (double)want[k].s,
+					 (double)got[k].s, want[k].qsum, got[k].qsum);
+	}
+}
+
+/*
+ * The repacked kernels: out[r][i] = row_i . x_r, bitwise the portable
+ * result, for every count of rows in a group (the rest padding), every
+ * activation count, with the output stride respected (column 8 of each
+ * output row stays untouched). Random bytes cover the extremes (nibbles 0
+ * and 15, int8 -128 and 127, Q6_K scales -128..127).
+ */
+static void test_qgemm(void **state)
+{
+	(void)state;
 	enum { OS = 9 };
 	struct blk_q8x xq[DOT_MAX_NR][DOT_COLS / QK];
 	float x[DOT_COLS];
@@ -609,39 +655,42 @@ static void test_qdot8(void **state)
 	for (size_t t = 0; t < N_QTYPES; t++) {
 		uint32_t type = qtypes[t];
 		size_t rb = row_bytes_of(type, DOT_COLS);
-		uint8_t *rows = malloc(rb * 8);
+		uint8_t *rows = malloc(rb * 8), *rp = malloc(nblk * rp_blk_bytes(type));
 		float base[8][DOT_MAX_NR], out[DOT_MAX_NR * OS];
-		assert_non_null(rows);
+		assert_true(rows && rp);
 		for (int i = 0; i < 8; i++) {
 			rand_wrow(type, rows + i * rb, DOT_COLS);
 			for (int r = 0; r < DOT_MAX_NR; r++)
 				dot_q_generic(type, rows + i * rb, xq[r], nblk, 1, nblk, &base[i][r], 1);
 		}
-		for (int f = -1; f < 2; f++) {
-			qdot8_fn fn = f < 0 ? NULL : dot_select_q8_isa(type, isas[f]);
-			if (f >= 0 && !fn)
+		for (int f = 0; f < N_SIMD; f++) {
+			qgemm_fn fn = dot_select_gemm_isa(type, simd_isas[f]);
+			if (!fn)
 				continue;
-			for (int nr = 1; nr <= DOT_MAX_NR; nr++) {
-				for (int i = 0; i < DOT_MAX_NR * OS; i++)
-					out[i] = -7.0f;
-				if (fn)
-					fn(rows, rb, xq[0], nblk, nr, nblk, out, OS);
-				else
-					dot8_q_generic(type, rows, rb, xq[0], nblk, nr, nblk, out, OS);
-				for (int r = 0; r < DOT_MAX_NR; r++)
-					for (int i = 0; i < OS; i++) {
-						float want = r < nr && i < 8 ? base[i][r] : -7.0f;
-						if (fbits(out[r * OS + i]) != fbits(want))
-							fail_msg("%s %s: nr %d, xrow %d, wrow %d: %a, want %a",
-								 type_name(type), f < 0 ? "generic" : isas[f],
-								 nr, r, i, (double)out[r * OS + i], (double)want);
-					}
+			for (uint32_t nw = 1; nw <= 8; nw++) {
+				rp_pack(type, rows, rb, nw, nblk, rp);
+				for (int nr = 1; nr <= DOT_MAX_NR; nr++) {
+					for (int i = 0; i < DOT_MAX_NR * OS; i++)
+						out[i] = -7.0f;
+					fn(rp, nblk, xq[0], nblk, nr, out, OS);
+					for (int r = 0; r < DOT_MAX_NR; r++)
+						for (uint32_t i = 0; i < OS; i++) {
+							if (r < nr && i >= nw && i < 8)
+								continue;	/* padding lanes: anything */
+							float want = r < nr && i < 8 ? base[i][r] : -7.0f;
+							if (fbits(out[r * OS + i]) != fbits(want))
+								fail_msg("%s %s: %u rows, nr %d, xrow %d, wrow %u: %a, want %a",
+									 type_name(type), simd_isas[f], nw, nr, r,
+									 i, (double)out[r * OS + i], (double)want);
+						}
+				}
 			}
-			checked += f >= 0;
+			checked++;
 		}
+		free(rp);
 		free(rows);
 	}
-	printf("eight-row kernels checked: %d (type, isa) pairs\n", checked);
+	printf("repacked kernels checked: %d (type, isa) pairs\n", checked);
 }
 
 /* ---- 4. backend matmul ---- */
@@ -798,6 +847,91 @@ static void test_matmul(void **state)
 	be[1]->ops->destroy(be[1]);
 	free(x);
 	free(y);
+}
+
+/*
+ * Batch invariance of the tiles: every row computed alone (one thread) is
+ * bitwise the same inside batches of 1..33 rows at every position (two
+ * threads), for every type, through an imported weight (repacked once and
+ * kept) and a plain one (repacked per call). An imported weight released
+ * and changed is repacked anew.
+ */
+#define INV_COLS 256
+#define INV_ROWS 21	/* two groups of eight and a partial one */
+#define INV_X 40
+
+static void inv_check(struct backend *b1, struct backend *b2, const struct kb_weight *w,
+		      const float *x, float *alone, float *y, const char *how)
+{
+	for (uint32_t r = 0; r < INV_X; r++)
+		assert_int_equal(b1->ops->matmul(b1, alone + r * INV_ROWS, w, x + r * INV_COLS, 1), 0);
+	for (uint32_t n = 1; n <= 33; n++)
+		for (uint32_t s = 0; s + n <= INV_X; s++) {
+			assert_int_equal(b2->ops->matmul(b2, y, w, x + s * INV_COLS, n), 0);
+			if (memcmp(y, alone + s * INV_ROWS, sizeof(float) * n * INV_ROWS))
+				fail_msg("%s (%s): a batch of %u from row %u differs from its rows alone",
+					 type_name(w->type), how, n, s);
+		}
+}
+
+static void test_matmul_invariance(void **state)
+{
+	(void)state;
+	struct backend *b1, *b2;
+	float *x = malloc(sizeof(float) * INV_X * INV_COLS);
+	float *alone = malloc(sizeof(float) * INV_X * INV_ROWS);
+	float *y = malloc(sizeof(float) * INV_X * INV_ROWS);
+	float *first = malloc(sizeof(float) * INV_ROWS);
+	assert_true(x && alone && y && first);
+	assert_int_equal(backend_cpu_create(&b1, 1), 0);
+	assert_int_equal(backend_cpu_create(&b2, 2), 0);
+	rng_seed(53);
+	for (uint32_t r = 0; r < INV_X; r++)
+		rand_xrow(x + r * INV_COLS, INV_COLS, r);
+	for (int t = 0; t < MM_TYPES; t++) {
+		uint32_t type = mm_types[t];
+		size_t rb = row_bytes_of(type, INV_COLS), bytes = rb * INV_ROWS;
+		uint8_t *wd = malloc(bytes);
+		assert_non_null(wd);
+		for (uint32_t o = 0; o < INV_ROWS; o++)
+			rand_wrow(type, wd + o * rb, INV_COLS);
+		struct kb_weight w = { .data = wd, .type = type, .rows = INV_ROWS, .cols = INV_COLS,
+				       .row_bytes = rb };
+		inv_check(b1, b2, &w, x, alone, y, "plain");
+		memcpy(first, alone, sizeof(float) * INV_ROWS);
+		const void *p1, *p2;
+		assert_int_equal(b1->ops->import(b1, &p1, wd, bytes), 0);
+		assert_int_equal(b2->ops->import(b2, &p2, wd, bytes), 0);
+		assert_ptr_equal(p1, wd);
+		assert_ptr_equal(p2, wd);
+		inv_check(b1, b2, &w, x, alone, y, "imported");
+		assert_memory_equal(first, alone, sizeof(float) * INV_ROWS);
+		/* Released, changed, imported again: the new bytes count, not a kept copy. */
+		b1->ops->unimport(b1, wd);
+		for (uint32_t o = 0; o < INV_ROWS; o++)
+			rand_wrow(type, wd + o * rb, INV_COLS);
+		assert_int_equal(b1->ops->import(b1, &p1, wd, bytes), 0);
+		assert_int_equal(b1->ops->matmul(b1, y, &w, x, 1), 0);
+		if (type_is_quantized(type))
+			for (uint32_t o = 0; o < INV_ROWS; o++) {
+				struct blk_q8x xq[INV_COLS / QK];
+				float want;
+				quantize_row_q8x(x, xq, INV_COLS);
+				dot_q_generic(type, wd + o * rb, xq, 0, 1, INV_COLS / QK, &want, 1);
+				if (fbits(y[o]) != fbits(want))
+					fail_msg("%s: row %u after re-import %a, portable %a",
+						 type_name(type), o, (double)y[o], (double)want);
+			}
+		b1->ops->unimport(b1, wd);
+		b2->ops->unimport(b2, wd);
+		free(wd);
+	}
+	b1->ops->destroy(b1);
+	b2->ops->destroy(b2);
+	free(x);
+	free(alone);
+	free(y);
+	free(first);
 }
 
 /* ---- 5. row ops ---- */
@@ -1452,7 +1586,9 @@ int main(void)
 		cmocka_unit_test(test_dequant_k),
 		cmocka_unit_test(test_dequant_float),
 		cmocka_unit_test(test_qdot),
-		cmocka_unit_test(test_qdot8),
+		cmocka_unit_test(test_quantize_simd),
+		cmocka_unit_test(test_qgemm),
+		cmocka_unit_test(test_matmul_invariance),
 		cmocka_unit_test(test_matmul),
 		cmocka_unit_test(test_rmsnorm),
 		cmocka_unit_test(test_swiglu),

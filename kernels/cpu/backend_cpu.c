@@ -9,6 +9,7 @@
 #include "kernels/cpu/dot.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/quant.h"
+#include "kernels/cpu/repack.h"
 #include "kernels/cpu/threadpool.h"
 
 struct cpu_backend {
@@ -16,6 +17,9 @@ struct cpu_backend {
 	struct threadpool *tp;
 	struct blk_q8x *xq;	/* (n, cols / QK) activation blocks of the current matmul */
 	size_t xq_cap;		/* blocks */
+	struct rp_cache rpc;	/* imported weights and their repacked forms */
+	void *rp_tmp;		/* repacked copies of a matmul's weights that were not imported */
+	size_t rp_tmp_cap;
 	float *rope_cs;		/* (rope_npos, rot_dim / 2, 2) cos/sin cache */
 	uint32_t rope_npos;
 	uint32_t rope_dim;
@@ -32,8 +36,9 @@ struct cpu_backend {
 struct mm_part {
 	const struct kb_weight *w;
 	float *y;			/* (n, w->rows) */
-	qdot_fn qdot;
-	qdot8_fn qdot8;		/* eight rows at once, where the type has it */
+	qgemm_fn gemm;			/* over rp, where this CPU has a kernel */
+	const uint8_t *rp;		/* (ceil(rows / 8), rp_group) repacked rows */
+	size_t rp_group;		/* bytes of eight repacked rows */
 	fdot_fn fdot;
 	uint32_t rows_per_task;
 	uint32_t task0;			/* first task index of this part */
@@ -47,20 +52,59 @@ struct mm_job {
 	uint32_t n;
 	uint32_t cols;
 	size_t nblk;
+	uint8_t *rp_dst[MM_MAX_MULTI];	/* repacking target of each part, or NULL */
+	size_t tmp_off[MM_MAX_MULTI];	/* where in cb->rp_tmp a part not imported goes */
+	struct rp_ent *ent[MM_MAX_MULTI];	/* the cache entry a part's repacking fills */
+	uint32_t rp_part;		/* the part mm_repack_task() works on */
+	quantize_fn quantize;
 };
 
 static void mm_quantize_task(void *ctx, uint32_t t)
 {
 	struct mm_job *j = ctx;
-	quantize_row_q8x(j->x + (size_t)t * j->cols, j->xq + (size_t)t * j->nblk, j->cols);
+	j->quantize(j->x + (size_t)t * j->cols, j->xq + (size_t)t * j->nblk, j->cols);
 }
 
+/* Task g repacks group g (rows 8g..8g+7) of part j->rp_part. */
+static void mm_repack_task(void *ctx, uint32_t g)
+{
+	struct mm_job *j = ctx;
+	uint32_t pi = j->rp_part;
+	const struct kb_weight *w = j->part[pi].w;
+	uint32_t r0 = g * RP_ROWS, nr = w->rows - r0 < RP_ROWS ? w->rows - r0 : RP_ROWS;
+	rp_pack(w->type, (const uint8_t *)w->data + (size_t)r0 * w->row_bytes, w->row_bytes, nr,
+		j->nblk, j->rp_dst[pi] + (size_t)g * j->part[pi].rp_group);
+}
+
+/* Rows r0..r1 (r0 a multiple of 8) of a repacked part for activation rows xt..xt+nr. */
+static void mm_gemm_rows(const struct mm_job *j, const struct mm_part *pt, uint32_t xt, int nr,
+			 uint32_t r0, uint32_t r1)
+{
+	const struct kb_weight *w = pt->w;
+	const struct blk_q8x *xq = j->xq + (size_t)xt * j->nblk;
+	float *y = pt->y + (size_t)xt * w->rows;
+	for (uint32_t r = r0; r < r1; r += RP_ROWS) {
+		const uint8_t *rp = pt->rp + (size_t)(r / RP_ROWS) * pt->rp_group;
+		if (r + RP_ROWS <= w->rows) {
+			pt->gemm(rp, j->nblk, xq, j->nblk, nr, y + r, w->rows);
+			continue;
+		}
+		float tmp[DOT_MAX_NR * RP_ROWS];	/* the last, partial group */
+		pt->gemm(rp, j->nblk, xq, j->nblk, nr, tmp, RP_ROWS);
+		for (int i = 0; i < nr; i++)
+			memcpy(y + (size_t)i * w->rows + r, tmp + i * RP_ROWS,
+			       (w->rows - r) * sizeof(float));
+	}
+}
+
+/* Activation rows one task serves at most: its rows' blocks stay in L2 while the weights stream. */
+#define MM_X_CHUNK 64
+
 /*
- * A task owns a run of one weight's rows and serves every activation row
- * with them, DOT_MAX_NR at a time, so a weight row is read from memory once
- * per step. Full tiles of activation rows take runs of eight weight rows
- * through the eight-row kernel (same bits; below a full tile its slicing
- * costs more than it saves).
+ * A task owns a run of one weight's rows and a chunk of activation rows,
+ * DOT_MAX_NR of those at a time, so a weight row is read from memory once
+ * per chunk. Large batches are cut into several chunks so that both
+ * threads have enough tasks to stay balanced.
  */
 static void mm_dot_task(void *ctx, uint32_t t)
 {
@@ -70,26 +114,105 @@ static void mm_dot_task(void *ctx, uint32_t t)
 		pi++;
 	const struct mm_part *pt = &j->part[pi];
 	const struct kb_weight *w = pt->w;
-	uint32_t r0 = (t - pt->task0) * pt->rows_per_task;
+	uint32_t n_chunks = (j->n + MM_X_CHUNK - 1) / MM_X_CHUNK;
+	uint32_t rt = (t - pt->task0) / n_chunks, xc = (t - pt->task0) % n_chunks;
+	uint32_t r0 = rt * pt->rows_per_task;
 	uint32_t r1 = r0 + pt->rows_per_task < w->rows ? r0 + pt->rows_per_task : w->rows;
-	for (uint32_t xt = 0; xt < j->n; xt += DOT_MAX_NR) {
-		int nr = j->n - xt < DOT_MAX_NR ? (int)(j->n - xt) : DOT_MAX_NR;
+	uint32_t x1 = (xc + 1) * MM_X_CHUNK < j->n ? (xc + 1) * MM_X_CHUNK : j->n;
+	for (uint32_t xt = xc * MM_X_CHUNK; xt < x1; xt += DOT_MAX_NR) {
+		int nr = x1 - xt < DOT_MAX_NR ? (int)(x1 - xt) : DOT_MAX_NR;
 		float *y = pt->y + (size_t)xt * w->rows;
-		const struct blk_q8x *xq = j->xq + (size_t)xt * j->nblk;
-		uint32_t r = r0;
-		if (pt->qdot8 && nr == DOT_MAX_NR)
-			for (; r + 8 <= r1; r += 8)
-				pt->qdot8((const uint8_t *)w->data + (size_t)r * w->row_bytes,
-					  w->row_bytes, xq, j->nblk, nr, j->nblk, y + r, w->rows);
-		for (; r < r1; r++) {
+		if (pt->gemm) {
+			mm_gemm_rows(j, pt, xt, nr, r0, r1);
+			continue;
+		}
+		for (uint32_t r = r0; r < r1; r++) {
 			const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
-			if (pt->qdot)
-				pt->qdot(row, xq, j->nblk, nr, j->nblk, y + r, w->rows);
+			if (!pt->fdot)
+				dot_q_generic(w->type, row, j->xq + (size_t)xt * j->nblk, j->nblk, nr,
+					      j->nblk, y + r, w->rows);
 			else
 				pt->fdot(row, j->x + (size_t)xt * w->cols, w->cols, nr, w->cols,
 					 y + r, w->rows);
 		}
 	}
+}
+
+/*
+ * The repacked rows of a part with a SIMD kernel: an imported weight's are
+ * made once and kept; any other weight is repacked into scratch for this
+ * call (tests, mostly), at *tmp_off. Sets what mm_repack() is to do.
+ */
+static int mm_find_repacked(struct cpu_backend *cb, struct mm_job *j, uint32_t pi, size_t *tmp_off)
+{
+	struct mm_part *pt = &j->part[pi];
+	const struct kb_weight *w = pt->w;
+	size_t bytes = (size_t)((w->rows + RP_ROWS - 1) / RP_ROWS) * pt->rp_group;
+	struct rp_ent *e = rp_cache_find(&cb->rpc, w->data);
+	if (!e || e->bytes < (size_t)w->rows * w->row_bytes) {
+		j->tmp_off[pi] = *tmp_off;
+		*tmp_off += (bytes + 63) & ~(size_t)63;
+		return 0;
+	}
+	if (e->rp && (e->type != w->type || e->rows != w->rows || e->cols != w->cols ||
+		      e->row_bytes != w->row_bytes)) {
+		free(e->rp);
+		e->rp = NULL;
+		e->ready = 0;
+	}
+	if (!e->rp && !(e->rp = aligned_alloc(64, (bytes + 63) & ~(size_t)63)))
+		return -ENOMEM;
+	e->type = w->type, e->rows = w->rows, e->cols = w->cols, e->row_bytes = w->row_bytes;
+	pt->rp = e->rp;
+	if (!e->ready) {
+		j->rp_dst[pi] = e->rp;
+		j->ent[pi] = e;
+	}
+	return 0;
+}
+
+/* Repack what mm_find_repacked() left to do, in one parallel pass per part. */
+static int mm_repack(struct cpu_backend *cb, struct mm_job *j, size_t tmp_bytes)
+{
+	if (tmp_bytes > cb->rp_tmp_cap) {
+		void *p = aligned_alloc(64, tmp_bytes);
+		if (!p)
+			return -ENOMEM;
+		free(cb->rp_tmp);
+		cb->rp_tmp = p;
+		cb->rp_tmp_cap = tmp_bytes;
+	}
+	for (uint32_t i = 0; i < j->n_parts; i++) {
+		struct mm_part *pt = &j->part[i];
+		if (!pt->gemm)
+			continue;
+		if (!pt->rp)
+			pt->rp = j->rp_dst[i] = (uint8_t *)cb->rp_tmp + j->tmp_off[i];
+		if (!j->rp_dst[i])
+			continue;
+		j->rp_part = i;
+		threadpool_run(cb->tp, mm_repack_task, j, (pt->w->rows + RP_ROWS - 1) / RP_ROWS);
+		if (j->ent[i])
+			j->ent[i]->ready = 1;
+	}
+	return 0;
+}
+
+/* Quantize the activations once for every quantized part, into cb->xq. */
+static int mm_quantize(struct cpu_backend *cb, struct mm_job *j)
+{
+	size_t need = (size_t)j->n * j->nblk;
+	if (need > cb->xq_cap) {
+		struct blk_q8x *p = realloc(cb->xq, need * sizeof(*p));
+		if (!p)
+			return -ENOMEM;
+		cb->xq = p;
+		cb->xq_cap = need;
+	}
+	j->xq = cb->xq;
+	j->quantize = dot_select_quantize();
+	threadpool_run(cb->tp, mm_quantize_task, j, j->n);
+	return 0;
 }
 
 static int cpu_matmul_multi(struct backend *b, float *const *y, const struct kb_weight *const *w,
@@ -102,7 +225,9 @@ static int cpu_matmul_multi(struct backend *b, float *const *y, const struct kb_
 	if (count == 0 || count > MM_MAX_MULTI)
 		return -EINVAL;
 	j.cols = w[0]->cols;
-	int any_q = 0;
+	j.nblk = j.cols / QK;
+	int any_q = 0, rc;
+	size_t tmp_bytes = 0;
 	uint32_t tasks = 0, nt = threadpool_size(cb->tp) * 8;
 	for (uint32_t i = 0; i < count; i++) {
 		struct mm_part *pt = &j.part[i];
@@ -113,37 +238,27 @@ static int cpu_matmul_multi(struct backend *b, float *const *y, const struct kb_
 		if (type_is_quantized(w[i]->type)) {
 			if (w[i]->cols % QK)
 				return -EINVAL;
-			pt->qdot = dot_select_q(w[i]->type);
-			pt->qdot8 = dot_select_q8(w[i]->type);
+			pt->gemm = dot_select_gemm(w[i]->type, NULL);
+			pt->rp_group = (size_t)(j.cols / QK) * rp_blk_bytes(w[i]->type);
+			if (pt->gemm && (rc = mm_find_repacked(cb, &j, i, &tmp_bytes)))
+				return rc;
 			any_q = 1;
-		} else {
-			pt->fdot = dot_select_f(w[i]->type);
-		}
-		if (!pt->qdot && !pt->fdot)
+		} else if (!(pt->fdot = dot_select_f(w[i]->type))) {
 			return -ENOTSUP;
+		}
 		/*
 		 * Enough tasks to balance the threads, few enough to keep overhead
-		 * small; whole eights of rows for the eight-row kernel.
+		 * small; whole eights of rows for the repacked kernels.
 		 */
 		uint32_t rpt = (w[i]->rows + nt - 1) / nt;
 		rpt = rpt < 8 ? 8 : rpt > 64 ? 64 : rpt;
 		pt->rows_per_task = (rpt + 7) / 8 * 8;
 		pt->task0 = tasks;
-		tasks += (w[i]->rows + pt->rows_per_task - 1) / pt->rows_per_task;
+		tasks += (w[i]->rows + pt->rows_per_task - 1) / pt->rows_per_task *
+			 ((n + MM_X_CHUNK - 1) / MM_X_CHUNK);
 	}
-	if (any_q) {
-		j.nblk = j.cols / QK;
-		size_t need = (size_t)n * j.nblk;
-		if (need > cb->xq_cap) {
-			struct blk_q8x *p = realloc(cb->xq, need * sizeof(*p));
-			if (!p)
-				return -ENOMEM;
-			cb->xq = p;
-			cb->xq_cap = need;
-		}
-		j.xq = cb->xq;
-		threadpool_run(cb->tp, mm_quantize_task, &j, n);
-	}
+	if (any_q && ((rc = mm_repack(cb, &j, tmp_bytes)) || (rc = mm_quantize(cb, &j))))
+		return rc;
 	threadpool_run(cb->tp, mm_dot_task, &j, tasks);
 	return 0;
 }
@@ -471,18 +586,22 @@ static int cpu_memcpy(struct backend *b, void *dst, const void *src, size_t byte
 	return 0;
 }
 
+/*
+ * The buffer is src itself (get_rows and the float kernels read it as
+ * stored); it is remembered so that the first matmul over it can keep a
+ * repacked copy for the SIMD kernels.
+ */
 static int cpu_import(struct backend *b, const void **out, const void *src, size_t bytes)
 {
-	(void)b;
-	(void)bytes;
-	*out = src;
-	return 0;
+	int rc = rp_cache_add(&CPU(b)->rpc, src, bytes);
+	if (!rc)
+		*out = src;
+	return rc;
 }
 
 static void cpu_unimport(struct backend *b, const void *p)
 {
-	(void)b;
-	(void)p;
+	rp_cache_remove(&CPU(b)->rpc, p);
 }
 
 static void cpu_destroy(struct backend *b)
@@ -493,6 +612,8 @@ static void cpu_destroy(struct backend *b)
 	threadpool_destroy(cb->tp);
 	ops_thread_scratch_free();
 	free(cb->xq);
+	rp_cache_free(&cb->rpc);
+	free(cb->rp_tmp);
 	free(cb->rope_cs);
 	free(cb);
 }

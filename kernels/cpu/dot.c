@@ -8,47 +8,28 @@
 void dot_q_generic(uint32_t type, const void *row, const struct blk_q8x *x, size_t x_stride,
 		   int nr, size_t nblk, float *out, size_t out_stride)
 {
-	float acc[DOT_MAX_NR][8] = {{0}};
-	float accm[DOT_MAX_NR] = {0};
+	float acc[DOT_MAX_NR] = {0};
+	int has_min = type_has_min(type);
 	struct wsub w;
 	for (size_t k = 0; k < nblk; k++) {
 		unpack_wsub(type, row, k, &w);
 		for (int r = 0; r < nr; r++) {
 			const struct blk_q8x *xb = x + r * x_stride + k;
-			float d = w.dw * xb->d;
+			int32_t s = 0;
 			for (int j = 0; j < 8; j++) {
-				int32_t s = 0;
+				int32_t g = 0;
 				for (int i = 4 * j; i < 4 * j + 4; i++)
-					s += (int32_t)w.v[i] * xb->qs[i];
-				acc[r][j] = fmaf((float)(s * w.ls[j]), d, acc[r][j]);
+					g += (int32_t)w.v[i] * xb->qs[i];
+				s += g * w.ls[j];
 			}
-			accm[r] = fmaf(w.mw, xb->s, accm[r]);
+			acc[r] = fmaf((float)s, w.dw * xb->d, acc[r]);
+			if (has_min)
+				acc[r] = fmaf(w.mw, xb->s, acc[r]);
 		}
 	}
 	for (int r = 0; r < nr; r++)
-		out[r * out_stride] = hsum8(acc[r]) + accm[r];
+		out[r * out_stride] = acc[r];
 }
-
-/* Eight rows at a time through the one-row reference (for tests and as a fallback). */
-void dot8_q_generic(uint32_t type, const void *rows, size_t row_bytes, const struct blk_q8x *x,
-		    size_t x_stride, int nr, size_t nblk, float *out, size_t out_stride)
-{
-	for (int i = 0; i < 8; i++)
-		dot_q_generic(type, (const uint8_t *)rows + i * row_bytes, x, x_stride, nr, nblk,
-			      out + i, out_stride);
-}
-
-#define GENERIC_Q(name, type)                                                         \
-	static void name(const void *row, const struct blk_q8x *x, size_t x_stride,    \
-			 int nr, size_t nblk, float *out, size_t out_stride)           \
-	{                                                                              \
-		dot_q_generic(type, row, x, x_stride, nr, nblk, out, out_stride);      \
-	}
-GENERIC_Q(dot_q4_0_c, KB_Q4_0)
-GENERIC_Q(dot_q4_1_c, KB_Q4_1)
-GENERIC_Q(dot_q8_0_c, KB_Q8_0)
-GENERIC_Q(dot_q4_k_c, KB_Q4_K)
-GENERIC_Q(dot_q6_k_c, KB_Q6_K)
 
 static inline float load_f(uint32_t type, const void *row, size_t i)
 {
@@ -100,32 +81,9 @@ fdot_fn dot_select_f(uint32_t type)
 }
 
 #if defined(__x86_64__)
-qdot_fn dot_x86_select(uint32_t type, const char *want, const char **isa);
-qdot8_fn dot_x86_select8(uint32_t type, const char *want);
+qgemm_fn dot_x86_select(uint32_t type, const char *want, const char **isa);
+quantize_fn dot_x86_select_quantize(const char *want);
 #endif
-
-qdot_fn dot_select_q_isa(uint32_t type, const char *want, const char **isa)
-{
-	*isa = "generic";
-	if (!want || strcmp(want, "generic")) {
-#if defined(__x86_64__)
-		qdot_fn f = dot_x86_select(type, want, isa);
-		if (f || want)
-			return f;
-#else
-		if (want)
-			return NULL;
-#endif
-	}
-	switch (type) {
-	case KB_Q4_0: return dot_q4_0_c;
-	case KB_Q4_1: return dot_q4_1_c;
-	case KB_Q8_0: return dot_q8_0_c;
-	case KB_Q4_K: return dot_q4_k_c;
-	case KB_Q6_K: return dot_q6_k_c;
-	default: return NULL;
-	}
-}
 
 /* KVD_CPU_ISA=generic|avx2|avx512vnni forces a path (for comparisons). */
 static const char *wanted_isa(void)
@@ -134,26 +92,42 @@ static const char *wanted_isa(void)
 	return want && *want ? want : NULL;
 }
 
-qdot_fn dot_select_q(uint32_t type)
+qgemm_fn dot_select_gemm_isa(uint32_t type, const char *want)
 {
 	const char *isa;
-	return dot_select_q_isa(type, wanted_isa(), &isa);
-}
-
-qdot8_fn dot_select_q8_isa(uint32_t type, const char *want)
-{
-	if (want && !strcmp(want, "generic"))
+	if (!want || !strcmp(want, "generic"))
 		return NULL;
 #if defined(__x86_64__)
-	return dot_x86_select8(type, want);
+	return dot_x86_select(type, want, &isa);
 #else
 	(void)type;
+	(void)isa;
 	return NULL;
 #endif
 }
 
-qdot8_fn dot_select_q8(uint32_t type)
+qgemm_fn dot_select_gemm(uint32_t type, const char **isa)
 {
-	return dot_select_q8_isa(type, wanted_isa());
+	const char *want = wanted_isa(), *name = "generic";
+	qgemm_fn f = NULL;
+#if defined(__x86_64__)
+	if (!want || strcmp(want, "generic"))
+		f = dot_x86_select(type, want, &name);
+	if (!f)
+		name = "generic";
+#endif
+	(void)type;
+	if (isa)
+		*isa = name;
+	return f;
 }
 
+quantize_fn dot_select_quantize(void)
+{
+#if defined(__x86_64__)
+	quantize_fn f = dot_x86_select_quantize(wanted_isa());
+	if (f)
+		return f;
+#endif
+	return quantize_row_q8x;
+}

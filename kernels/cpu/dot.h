@@ -9,41 +9,46 @@
 #define DOT_MAX_NR 8	/* activation rows one call serves */
 
 /*
- * Quantized weights: out[r * out_stride] = row . x_r for r < nr, where x_r
- * is x + r * x_stride (activation blocks) and row holds nblk QK-element
- * sub-blocks. Every implementation accumulates the struct wsub
- * decomposition in the same order, so all give identical results, and nr
- * never changes a row's result.
+ * The arithmetic every quantized kernel shares (struct wsub): per output,
+ * one float accumulator a, and for each 32-element sub-block k in order
+ *   a = fma((float)S_k, dw_k * dx_k, a);  then, for types with a min,
+ *   a = fma(mw_k, s_x_k, a)
+ * with S_k the exact int32 sub-block sum. The integer part may be summed in
+ * any order (it is exact), the float part may not: so the portable and the
+ * SIMD kernels agree bit for bit, and how many rows share a call changes
+ * nothing.
  */
-typedef void (*qdot_fn)(const void *row, const struct blk_q8x *x, size_t x_stride,
-			int nr, size_t nblk, float *out, size_t out_stride);
+
+/* Quantized weights, portable: out[r * out_stride] = row . x_r for r < nr (x_r = x + r * x_stride). */
+void dot_q_generic(uint32_t type, const void *row, const struct blk_q8x *x, size_t x_stride,
+		   int nr, size_t nblk, float *out, size_t out_stride);
 
 /*
- * The same for eight consecutive weight rows (row i at rows + i * row_bytes):
- * out[r * out_stride + i] = row_i . x_r, bitwise what qdot_fn gives: the
- * same eight partial sums per row, accumulated in the same order, with
- * the eight rows side by side in the SIMD lanes.
+ * Eight weight rows in the repacked layout of kernels/cpu/repack.h (nblk
+ * sub-blocks) against nr (<= DOT_MAX_NR) activation rows:
+ * out[r * out_stride + i] = row_i . x_r for i < 8, bitwise dot_q_generic().
  */
-typedef void (*qdot8_fn)(const void *rows, size_t row_bytes, const struct blk_q8x *x,
-			 size_t x_stride, int nr, size_t nblk, float *out, size_t out_stride);
+typedef void (*qgemm_fn)(const void *rp, size_t nblk, const struct blk_q8x *x, size_t x_stride,
+			 int nr, float *out, size_t out_stride);
 
 /* Float weights (F32/F16/BF16) against float activations, 8 lanes then a fixed tree. */
 typedef void (*fdot_fn)(const void *row, const float *x, size_t x_stride, int nr,
 			size_t n, float *out, size_t out_stride);
 
-/* The best implementation this CPU runs for a weight type, or NULL. */
-qdot_fn dot_select_q(uint32_t type);
 fdot_fn dot_select_f(uint32_t type);
-/* A named implementation ("generic", "avx2", "avx512vnni"; NULL = best), or NULL if unavailable. */
-qdot_fn dot_select_q_isa(uint32_t type, const char *want, const char **isa);
-/* The eight-row kernel of the ISA dot_select_q() chose, or NULL where that type has none. */
-qdot8_fn dot_select_q8(uint32_t type);
-qdot8_fn dot_select_q8_isa(uint32_t type, const char *want);
-/* The portable implementation, for tests. */
-void dot_q_generic(uint32_t type, const void *row, const struct blk_q8x *x, size_t x_stride,
-		   int nr, size_t nblk, float *out, size_t out_stride);
-void dot8_q_generic(uint32_t type, const void *rows, size_t row_bytes, const struct blk_q8x *x,
-		    size_t x_stride, int nr, size_t nblk, float *out, size_t out_stride);
+/*
+ * The repacked kernel of the best instruction set this CPU runs (or the one
+ * KVD_CPU_ISA names: generic, avx2, avx512vnni), or NULL where there is none
+ * (the portable path: dot_q_generic on the rows as stored). isa, when not
+ * NULL, receives the name.
+ */
+qgemm_fn dot_select_gemm(uint32_t type, const char **isa);
+/* A named instruction set's kernel ("avx2", "avx512vnni"), NULL if this CPU lacks it. */
+qgemm_fn dot_select_gemm_isa(uint32_t type, const char *want);
+
+/* quantize_row_q8x() (kernels/cpu/quant.h), or a SIMD version giving the same blocks. */
+typedef void (*quantize_fn)(const float *x, struct blk_q8x *y, size_t n);
+quantize_fn dot_select_quantize(void);
 
 /* The fixed reduction tree every path uses for 8 float lanes. */
 static inline float hsum8(const float a[8])

@@ -1,17 +1,15 @@
-/* dot_avx2.c — dot kernels for AVX2+FMA+F16C, and the x86 run-time selection. */
+/* dot_avx2.c — the repacked kernels for AVX2+FMA+F16C, and the x86 run-time selection. */
 #if defined(__x86_64__)
 #pragma GCC target("avx2,fma,f16c")
 #define SFX avx2
-#define DOTI32(u, s) _mm256_madd_epi16(_mm256_maddubs_epi16((u), (s)), _mm256_set1_epi16(1))
-#define DOT8_TILE 1	/* 8 accumulators a row: 16 vector registers */
+#define DOT_VNNI 0
+#define GEMM_TILE 4	/* 16 vector registers: eight slices, four accumulators, temporaries */
 #include "kernels/cpu/dot_x86_body.h"
 
 #include <string.h>
 
-qdot_fn dot_x86_select_vnni(uint32_t type);
-qdot8_fn dot_x86_select8_vnni(uint32_t type);
-qdot_fn dot_x86_select(uint32_t type, const char *want, const char **isa);
-qdot8_fn dot_x86_select8(uint32_t type, const char *want);
+qgemm_fn dot_x86_select_vnni(uint32_t type);
+qgemm_fn dot_x86_select(uint32_t type, const char *want, const char **isa);
 
 static int has_avx2(void)
 {
@@ -27,27 +25,64 @@ static int has_vnni(void)
 }
 
 /* want: NULL for the best this CPU has, or "avx512vnni" / "avx2" (NULL result if unsupported). */
-qdot_fn dot_x86_select(uint32_t type, const char *want, const char **isa)
+qgemm_fn dot_x86_select(uint32_t type, const char *want, const char **isa)
 {
-	int avx2 = has_avx2(), vnni = has_vnni();
-	if (vnni && (!want || !strcmp(want, "avx512vnni"))) {
+	if (has_vnni() && (!want || !strcmp(want, "avx512vnni"))) {
 		*isa = "avx512vnni";
 		return dot_x86_select_vnni(type);
 	}
-	if (avx2 && (!want || !strcmp(want, "avx2"))) {
+	if (has_avx2() && (!want || !strcmp(want, "avx2"))) {
 		*isa = "avx2";
 		return FN(dot_x86_select_)(type);
 	}
 	return NULL;
 }
+#endif
 
-/* The eight-row kernel of the same instruction set dot_x86_select() picks. */
-qdot8_fn dot_x86_select8(uint32_t type, const char *want)
+#if defined(__x86_64__)
+/* quantize_row_q8x() with 8 lanes: the same max, divisions, products and round-to-nearest-even, so the same blocks. */
+static void quantize_row_q8x_avx2(const float *x, struct blk_q8x *y, size_t n)
 {
-	if (has_vnni() && (!want || !strcmp(want, "avx512vnni")))
-		return dot_x86_select8_vnni(type);
-	if (has_avx2() && (!want || !strcmp(want, "avx2")))
-		return FN(dot_x86_select8_)(type);
+	const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+	const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+	for (size_t k = 0; k < n / QK; k++) {
+		const float *xb = x + k * QK;
+		__m256 v[4], m = _mm256_setzero_ps();
+		for (int i = 0; i < 4; i++) {
+			v[i] = _mm256_loadu_ps(xb + 8 * i);
+			/* operand order: a NaN element is skipped, as the scalar comparison skips it */
+			m = _mm256_max_ps(_mm256_and_ps(v[i], absmask), m);
+		}
+		__m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+		h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+		h = _mm_max_ss(h, _mm_movehdup_ps(h));
+		float amax = _mm_cvtss_f32(h);
+		float d = amax / 127.0f;
+		float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+		__m256i q[4], sum = _mm256_setzero_si256();
+		for (int i = 0; i < 4; i++) {
+			q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(id)));
+			sum = _mm256_add_epi32(sum, q[i]);
+		}
+		__m256i b = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+		_mm256_storeu_si256((__m256i *)y[k].qs, _mm256_permutevar8x32_epi32(b, order));
+		__m128i s = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+		s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+		s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+		int isum = _mm_cvtsi128_si32(s);
+		__m128 ds = _mm_setr_ps(d, d * (float)isum, 0.0f, 0.0f);
+		ds = _mm_cvtph_ps(_mm_cvtps_ph(ds, _MM_FROUND_TO_NEAREST_INT));
+		y[k].d = _mm_cvtss_f32(ds);
+		y[k].s = _mm_cvtss_f32(_mm_movehdup_ps(ds));
+		y[k].qsum = isum;
+	}
+}
+
+quantize_fn dot_x86_select_quantize(const char *want);
+quantize_fn dot_x86_select_quantize(const char *want)
+{
+	if (has_avx2() && (!want || strcmp(want, "generic")))
+		return quantize_row_q8x_avx2;
 	return NULL;
 }
 #endif

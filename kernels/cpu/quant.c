@@ -47,7 +47,7 @@ int type_is_quantized(uint32_t type)
 }
 
 /* The 6-bit scale and min of sub-block j (0..7) of a Q4_K super-block. */
-static void q4k_scale_min(const uint8_t *s, int j, uint8_t *sc, uint8_t *m)
+void q4k_scale_min(const uint8_t *s, int j, uint8_t *sc, uint8_t *m)
 {
 	if (j < 4) {
 		*sc = s[j] & 63;
@@ -114,7 +114,9 @@ void unpack_wsub(uint32_t type, const void *row, size_t k, struct wsub *o)
 			o->v[i] = (sub & 1) ? q[i] >> 4 : q[i] & 0xf;
 		uint8_t sc, m;
 		q4k_scale_min(b->scales, sub, &sc, &m);
-		o->dw = fp16_to_f32(b->d) * (float)sc;
+		for (int j = 0; j < 8; j++)
+			o->ls[j] = sc;
+		o->dw = fp16_to_f32(b->d);
 		o->mw = -(fp16_to_f32(b->dmin) * (float)m);
 		break;
 	}
@@ -185,5 +187,6 @@ void quantize_row_q8x(const float *x, struct blk_q8x *y, size_t n)
 		/* Scales are kept at f16 precision, as GGUF's own 8-bit blocks carry them. */
 		y[k].d = fp16_round(d);
 		y[k].s = fp16_round(d * (float)sum);
+		y[k].qsum = sum;
 	}
 }

@@ -4,6 +4,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "kernels/backend.h"
 
 #define QK 32		/* elements per small block, and per activation block */
 #define QK_K 256	/* elements per K-quant super-block */
@@ -46,12 +47,14 @@ _Static_assert(sizeof(struct blk_q6_k) == 210, "q6_k");
 
 /*
  * An activation block: x[i] ~ d * qs[i]; s = d * sum(qs) for the min terms.
- * d and s hold f16-representable values (like ggml's q8_0/q8_1 blocks), so
- * results agree with other GGUF runtimes to the last bit where they can.
+ * d and s hold f16-representable values (like ggml's q8_0/q8_1 blocks).
+ * qsum = sum(qs) exactly, for kernels that take unsigned weights with an
+ * offset (Q4_0's nibble - 8) out of the integer sum.
  */
 struct blk_q8x {
 	float d;
 	float s;
+	int32_t qsum;
 	int8_t qs[QK];
 };
 
@@ -91,12 +94,14 @@ void quantize_row_q8x(const float *x, struct blk_q8x *y, size_t n);
 /*
  * One 32-element sub-block of a weight row in integer form: values v (the
  * integers the format stores, offsets applied), an integer scale per group
- * of 4 lanes' worth (lane j covers elements 4j..4j+3), a float scale dw and
- * a float min coefficient mw, such that
- *   sum_i w[i] x[i] = dw * dx * sum_j ls[j] * (sum_{i in lane j} v[i] q[i]) + mw * s_x
- * for an activation block (dx, s_x, q). Every dot-product kernel, portable
- * or SIMD, accumulates exactly this decomposition in the same order, which
- * makes results identical across code paths.
+ * of 4 elements (group j covers elements 4j..4j+3: Q4_K's 6-bit sub-block
+ * scale, Q6_K's scale of each 16, else 1), a float scale dw and a float min
+ * coefficient mw, such that
+ *   sum_i w[i] x[i] = dw * dx * S + mw * s_x,  S = sum_j ls[j] * sum_{i in j} v[i] q[i]
+ * for an activation block (dx, s_x, q). S is an exact int32; every kernel,
+ * portable or SIMD, adds S * (dw * dx) and then mw * s_x (types with a min)
+ * into one float accumulator per output, sub-block after sub-block, which
+ * makes results identical across code paths (kernels/cpu/dot.h).
  */
 struct wsub {
 	int16_t v[QK];
@@ -107,7 +112,14 @@ struct wsub {
 
 /* Sub-block k (0-based, in units of QK elements) of a row of a quantized type. */
 void unpack_wsub(uint32_t type, const void *row, size_t k, struct wsub *out);
+/* The 6-bit scale and min of sub-block j (0..7) of a Q4_K super-block's scales. */
+void q4k_scale_min(const uint8_t *s, int j, uint8_t *sc, uint8_t *m);
 /* Whether a type takes the integer (activation-quantized) path. */
 int type_is_quantized(uint32_t type);
+/* Whether its sub-blocks carry a min term (Q4_1, Q4_K). */
+static inline int type_has_min(uint32_t type)
+{
+	return type == KB_Q4_1 || type == KB_Q4_K;
+}
 
 #endif
