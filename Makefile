@@ -47,7 +47,15 @@ include tests/tests.mk
 include systemd/systemd.mk
 include tools/man/man.mk
 
-$(B)/%.o: %.c
+# What changes every object without changing a source: switching CUDA or the
+# sanitizers in an existing build directory rebuilds it, instead of leaving
+# objects of the other configuration behind (a kvd "built without CUDA"
+# beside a freshly built libkvd-cuda.so).
+BUILD_CONFIG := nvcc=$(HAVE_NVCC) sanitize=$(SANITIZE) werror=$(WERROR)
+$(shell mkdir -p $(B) && { [ "$$(cat $(B)/.config 2>/dev/null)" = "$(BUILD_CONFIG)" ] || \
+	echo "$(BUILD_CONFIG)" >$(B)/.config; })
+
+$(B)/%.o: %.c $(B)/.config
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -c -o $@ $<
 

@@ -164,6 +164,26 @@ static int wait_note(const char *prefix, int timeout_ms, struct note *out, char 
 
 /* ---- the daemon ---- */
 
+/* 1 when a listening unix socket is bound at path (/proc/net/unix: __SO_ACCEPTCON in Flags). */
+static int listening(const char *path)
+{
+	FILE *f = fopen("/proc/net/unix", "r");
+	char line[512];
+	int found = 0;
+	size_t n = strlen(path);
+	while (f && !found && fgets(line, sizeof(line), f)) {
+		unsigned long flags;
+		size_t len = strcspn(line, "\n");
+		line[len] = 0;
+		if (len > n && !strcmp(line + len - n, path) && line[len - n - 1] == ' ' &&
+		    sscanf(line, "%*s %*s %*s %lx", &flags) == 1)
+			found = (flags & 0x10000) != 0;
+	}
+	if (f)
+		fclose(f);
+	return found;
+}
+
 static int start(void)
 {
 	snprintf(S.dir, sizeof(S.dir), "/tmp/kvd-service.XXXXXX");
@@ -195,9 +215,12 @@ static int start(void)
 	if (pid < 0)
 		return pid;
 	S.pid = pid;
-	/* systemd-socket-activate binds first; wait for the path. */
-	struct stat st;
-	for (int64_t end = kp_now_ms() + kw_ms(30000); stat(S.sock, &st); usleep(10000))
+	/*
+	 * systemd-socket-activate binds, then listens: the path appears before
+	 * a connection is accepted. Wait for the listening state without
+	 * connecting, since the first connection is what activates kvd.
+	 */
+	for (int64_t end = kp_now_ms() + kw_ms(30000); !listening(S.sock); usleep(10000))
 		if (kp_now_ms() > end || waitpid(pid, NULL, WNOHANG) == pid) {
 			log_tail();
 			return -ETIMEDOUT;
