@@ -14,6 +14,7 @@
 
 #include "daemon/model/gguf.h"
 #include "kernels/backend.h"
+#include "tests/lib/gguf_patch.h"
 
 #define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -601,45 +602,7 @@ static void test_fuzz_header(void **state)
 		      (unsigned long long)ok, (unsigned long long)bad);
 }
 
-/* ---- a synthetic file ---- */
-
-struct wbuf {
-	uint8_t *p;
-	size_t len, cap;
-};
-
-static void w_bytes(struct wbuf *w, const void *d, size_t n)
-{
-	if (w->len + n > w->cap) {
-		w->cap = (w->len + n) * 2 + 64;
-		w->p = realloc(w->p, w->cap);
-		assert_non_null(w->p);
-	}
-	memcpy(w->p + w->len, d, n);
-	w->len += n;
-}
-
-static void w_u8(struct wbuf *w, uint8_t v) { w_bytes(w, &v, 1); }
-static void w_u32(struct wbuf *w, uint32_t v) { w_bytes(w, &v, 4); }
-static void w_u64(struct wbuf *w, uint64_t v) { w_bytes(w, &v, 8); }
-
-static void w_str(struct wbuf *w, const char *s)
-{
-	w_u64(w, strlen(s));
-	w_bytes(w, s, strlen(s));
-}
-
-static void w_key(struct wbuf *w, const char *key, uint32_t type)
-{
-	w_str(w, key);
-	w_u32(w, type);
-}
-
-static void w_pad(struct wbuf *w, size_t align)
-{
-	while (align && w->len % align)
-		w_u8(w, 0);
-}
+/* ---- a synthetic file, written with tests/lib/gguf_patch.h ---- */
 
 enum extra {
 	X_NONE, X_DUP_KEY, X_NESTED, X_BAD_BOOL, X_ARR_OVF, X_STRARR_HUGE,

@@ -113,50 +113,49 @@ out:
 	return rc;
 }
 
-/* A growing byte buffer; a failed allocation is remembered and reported once. */
-struct obuf {
-	uint8_t *p;
-	size_t len, cap;
-	int oom;
-};
-
-static void put(struct obuf *b, const void *d, size_t n)
+void w_bytes(struct wbuf *w, const void *d, size_t n)
 {
-	if (b->oom)
-		return;
-	if (b->len + n > b->cap) {
-		size_t cap = (b->len + n) * 2;
-		uint8_t *p = realloc(b->p, cap);
-		if (!p) {
-			b->oom = 1;
-			return;
-		}
-		b->p = p;
-		b->cap = cap;
+	if (w->len + n > w->cap) {
+		w->cap = (w->len + n) * 2 + 64;
+		w->p = realloc(w->p, w->cap);
+		if (!w->p)
+			abort();
 	}
-	memcpy(b->p + b->len, d, n);
-	b->len += n;
+	memcpy(w->p + w->len, d, n);
+	w->len += n;
 }
 
-static void put_u32(struct obuf *b, uint32_t v) { put(b, &v, 4); }
-static void put_u64(struct obuf *b, uint64_t v) { put(b, &v, 8); }
+void w_u8(struct wbuf *w, uint8_t v) { w_bytes(w, &v, 1); }
+void w_u32(struct wbuf *w, uint32_t v) { w_bytes(w, &v, 4); }
+void w_u64(struct wbuf *w, uint64_t v) { w_bytes(w, &v, 8); }
 
-static void put_str(struct obuf *b, const char *s)
+void w_str(struct wbuf *w, const char *s)
 {
-	put_u64(b, strlen(s));
-	put(b, s, strlen(s));
+	w_u64(w, strlen(s));
+	w_bytes(w, s, strlen(s));
 }
 
-static void put_kv(struct obuf *b, const struct gguf_add_kv *kv)
+void w_key(struct wbuf *w, const char *key, uint32_t type)
 {
-	put_str(b, kv->key);
-	put_u32(b, kv->type);
+	w_str(w, key);
+	w_u32(w, type);
+}
+
+void w_pad(struct wbuf *w, size_t align)
+{
+	while (align && w->len % align)
+		w_u8(w, 0);
+}
+
+static void put_kv(struct wbuf *b, const struct gguf_add_kv *kv)
+{
+	w_key(b, kv->key, kv->type);
 	if (kv->type == GGUF_VT_STRING)
-		put_str(b, kv->str);
+		w_str(b, kv->str);
 	else if (kv->type == GGUF_VT_F32)
-		put(b, &kv->f32, 4);
+		w_bytes(b, &kv->f32, 4);
 	else
-		put_u32(b, kv->u32);
+		w_u32(b, kv->u32);
 }
 
 /* Where the tensor infos begin and end in f's mapping (they follow the metadata). */
@@ -178,35 +177,33 @@ static void info_span(const struct gguf_file *f, size_t *start, size_t *end)
 static uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 /* The whole new file, in b: f's header, metadata, infos and data with the additions. */
-static void build_extended(struct obuf *b, const struct gguf_file *f, const struct gguf_add_kv *kv,
+static void build_extended(struct wbuf *b, const struct gguf_file *f, const struct gguf_add_kv *kv,
 			   int n_kv, const char *tensor, uint64_t n_elems)
 {
 	size_t info0, info1;
 	info_span(f, &info0, &info1);
 	size_t data0 = (size_t)align_up(info1, f->alignment);
-	put(b, "GGUF", 4);
-	put_u32(b, f->version);
-	put_u64(b, f->n_tensors + (tensor != NULL));
-	put_u64(b, f->n_kv + (uint64_t)n_kv);
-	put(b, f->base + 24, info0 - 24);
+	w_bytes(b, "GGUF", 4);
+	w_u32(b, f->version);
+	w_u64(b, f->n_tensors + (tensor != NULL));
+	w_u64(b, f->n_kv + (uint64_t)n_kv);
+	w_bytes(b, f->base + 24, info0 - 24);
 	for (int i = 0; i < n_kv; i++)
 		put_kv(b, &kv[i]);
-	put(b, f->base + info0, info1 - info0);
+	w_bytes(b, f->base + info0, info1 - info0);
 	if (tensor) {
-		put_str(b, tensor);
-		put_u32(b, 1);
-		put_u64(b, n_elems);
-		put_u32(b, GGUF_T_F32);
-		put_u64(b, align_up(f->size - data0, f->alignment));
+		w_str(b, tensor);
+		w_u32(b, 1);
+		w_u64(b, n_elems);
+		w_u32(b, GGUF_T_F32);
+		w_u64(b, align_up(f->size - data0, f->alignment));
 	}
-	while (b->len % f->alignment)
-		put(b, "", 1);
-	put(b, f->base + data0, f->size - data0);
+	w_pad(b, f->alignment);
+	w_bytes(b, f->base + data0, f->size - data0);
 	if (tensor) {
-		while (b->len % f->alignment)
-			put(b, "", 1);
+		w_pad(b, f->alignment);
 		for (uint64_t i = 0; i < n_elems; i++)
-			put(b, &(float){ 1.0f }, 4);
+			w_bytes(b, &(float){ 1.0f }, 4);
 	}
 }
 
@@ -218,12 +215,11 @@ int gguf_extend(const char *src, const char *dst, const struct gguf_add_kv *kv, 
 	int rc = gguf_open(&f, src, err, sizeof(err));
 	if (rc)
 		return rc;
-	struct obuf b = { 0 };
+	struct wbuf b = { 0 };
 	build_extended(&b, f, kv, n_kv, tensor, n_elems);
 	gguf_close(f);
-	rc = b.oom ? -ENOMEM : 0;
-	int out = rc ? -1 : open(dst, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-	if (!rc && out < 0)
+	int out = open(dst, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (out < 0)
 		rc = -errno;
 	for (size_t done = 0; !rc && done < b.len;) {
 		ssize_t n = write(out, b.p + done, b.len - done);

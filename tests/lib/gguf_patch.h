@@ -10,6 +10,7 @@
 #ifndef KVD_TESTS_LIB_GGUF_PATCH_H
 #define KVD_TESTS_LIB_GGUF_PATCH_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 /*
@@ -18,6 +19,24 @@
  * its type is not an integer or value does not fit it, or -errno.
  */
 int gguf_patch_int(const char *src, const char *dst, const char *key, uint64_t value);
+
+/*
+ * A GGUF file written byte by byte, as a converter writes one: little-endian
+ * integers, length-prefixed strings, keys with their value type. The
+ * buffer grows as needed (a test aborts if it cannot); free w->p after.
+ */
+struct wbuf {
+	uint8_t *p;
+	size_t len, cap;
+};
+void w_bytes(struct wbuf *w, const void *d, size_t n);
+void w_u8(struct wbuf *w, uint8_t v);
+void w_u32(struct wbuf *w, uint32_t v);
+void w_u64(struct wbuf *w, uint64_t v);
+void w_str(struct wbuf *w, const char *s);
+void w_key(struct wbuf *w, const char *key, uint32_t type);
+/* Zero bytes up to the next multiple of align (0: none). */
+void w_pad(struct wbuf *w, size_t align);
 
 /* A metadata entry to add: type is GGUF_VT_STRING (str), GGUF_VT_U32 (u32) or GGUF_VT_F32 (f32). */
 struct gguf_add_kv {
