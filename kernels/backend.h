@@ -11,8 +11,9 @@ extern "C" {
 
 /* Weight element types; numbering matches GGUF/ggml so loaders pass it through. */
 enum kb_type {
-	KB_F32 = 0, KB_F16 = 1, KB_Q4_0 = 2, KB_Q4_1 = 3, KB_Q8_0 = 8,
-	KB_Q4_K = 12, KB_Q6_K = 14, KB_BF16 = 30,
+	KB_F32 = 0, KB_F16 = 1, KB_Q4_0 = 2, KB_Q4_1 = 3, KB_Q5_0 = 6, KB_Q5_1 = 7, KB_Q8_0 = 8,
+	KB_Q2_K = 10, KB_Q3_K = 11, KB_Q4_K = 12, KB_Q5_K = 13, KB_Q6_K = 14, KB_IQ4_NL = 20,
+	KB_IQ4_XS = 23, KB_BF16 = 30,
 };
 
 /* A weight matrix W (rows, cols): each row is cols elements in type's blocks. */
@@ -83,7 +84,36 @@ struct kb_attn_shape {
 	uint32_t n_kv_heads;	/* divides n_heads; each serves n_heads / n_kv_heads */
 	uint32_t head_dim;
 	float scale;		/* usually 1 / sqrt(head_dim) */
+	float softcap;		/* scores become softcap * tanh(s / softcap) (Gemma 2); 0 = off */
+	uint32_t window;	/* sliding window: row at p sees p - window < q <= p; 0 = all */
 };
+
+/*
+ * Rotary embedding of one layer, as ggml computes it: pair i (of rot_dim / 2)
+ * starts from angle pos * theta^(-2i / rot_dim), divided by freq_factors[i]
+ * when there are factors (Llama 3's rope_freqs), then interpolated:
+ * freq_scale * angle, mixed back toward the unscaled angle by YaRN's ramp
+ * between dims corr_lo .. corr_hi times ext_factor (0: no ramp, plain
+ * linear scaling). cos and sin are multiplied by attn_factor, and with
+ * ext_factor != 0 by 1 + 0.1 ln(1 / freq_scale) as well. The defaults
+ * freq_scale 1, ext_factor 0, attn_factor 1, no factors are plain RoPE.
+ */
+struct kb_rope {
+	uint32_t rot_dim;	/* even, at most head_dim */
+	int neox;		/* 0 rotates adjacent pairs (2i, 2i+1) (Llama GGUF), 1 rotates (i, i + rot_dim/2) */
+	float theta;		/* frequency base */
+	float freq_scale;
+	float ext_factor;
+	float attn_factor;
+	float corr_lo, corr_hi;
+	const float *freq_factors;	/* (rot_dim / 2,) backend buffer, or NULL */
+	const float *h_freq_factors;	/* the same values in host memory */
+};
+
+/* Plain RoPE, no factors and no scaling, as a compound literal. */
+#define KB_ROPE_PLAIN(rot, th, nx)                                                    \
+	((struct kb_rope){ .rot_dim = (rot), .theta = (th), .neox = (nx), .freq_scale = 1.0f, \
+			   .attn_factor = 1.0f })
 
 struct backend;
 
@@ -113,13 +143,11 @@ struct backend_ops {
 	int (*rmsnorm)(struct backend *b, float *out, const float *x, const float *g,
 		       uint32_t n, uint32_t dim, float eps);
 	/*
-	 * In place on x (n, n_heads, head_dim): rotate the first rot_dim dims
-	 * of each head by angle pos[r] * theta^(-2i/rot_dim). neox = 0 rotates
-	 * adjacent pairs (2i, 2i+1) (Llama GGUF), 1 rotates (i, i + rot_dim/2).
+	 * In place on x (n, n_heads, head_dim): rotate the first rope->rot_dim
+	 * dims of each head by the angles struct kb_rope gives for pos[r].
 	 */
 	int (*rope)(struct backend *b, float *x, const uint32_t *pos, uint32_t n,
-		    uint32_t n_heads, uint32_t head_dim, uint32_t rot_dim, float theta,
-		    int neox);
+		    uint32_t n_heads, uint32_t head_dim, const struct kb_rope *rope);
 	/* out (n, dim) = silu(gate) * up;  out may alias gate */
 	int (*swiglu)(struct backend *b, float *out, const float *gate, const float *up,
 		      uint32_t n, uint32_t dim);
@@ -175,6 +203,20 @@ struct backend_ops {
 	 */
 	int (*step_begin)(struct backend *b, uint64_t shape_key);
 	int (*step_end)(struct backend *b, int rc);
+
+	/*
+	 * What only some architectures use. A backend may leave one NULL:
+	 * the engine then refuses a model that needs it, by name, at load.
+	 */
+	/* x (n, dim) += bias (dim,), the same bias on every row (Qwen2's Q/K/V) */
+	int (*add_bias)(struct backend *b, float *x, const float *bias, uint32_t n, uint32_t dim);
+	/* x (n, dim) *= s (Gemma's embedding scale) */
+	int (*scale)(struct backend *b, float *x, float s, uint32_t n, uint32_t dim);
+	/* x (n, dim) = cap * tanh(x / cap) (Gemma 2's final logits) */
+	int (*softcap)(struct backend *b, float *x, float cap, uint32_t n, uint32_t dim);
+	/* out (n, dim) = gelu(gate) * up, GELU's tanh form (Gemma);  out may alias gate */
+	int (*geglu)(struct backend *b, float *out, const float *gate, const float *up,
+		     uint32_t n, uint32_t dim);
 };
 
 struct backend {
@@ -208,8 +250,8 @@ int backend_cuda_create(struct backend **out, int dev, char *why, size_t whylen)
  * header changes layout or meaning: an object built against another
  * version then lacks the symbol and is refused by name.
  */
-#define KB_CUDA_ABI 1
-#define KB_CUDA_ENTRY kvd_cuda_backend_v1
+#define KB_CUDA_ABI 2
+#define KB_CUDA_ENTRY kvd_cuda_backend_v2
 #define KB_CUDA_SONAME "libkvd-cuda.so"
 #define KB_STR_(x) #x
 #define KB_STR(x) KB_STR_(x)

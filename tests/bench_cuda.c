@@ -16,6 +16,7 @@
 #include "daemon/model/model.h"
 #include "kernels/backend.h"
 
+
 #define RUNS 5
 
 static struct backend *G;
@@ -227,7 +228,7 @@ static int do_swiglu(void *c)
 static int do_rope(void *c)
 {
 	struct row_ctx *r = c;
-	return G->ops->rope(G, r->x, r->pos, r->n, r->dim / 128, 128, 128, 500000.0f, 0);
+	return G->ops->rope(G, r->x, r->pos, r->n, r->dim / 128, 128, &KB_ROPE_PLAIN(128, 500000.0f, 0));
 }
 
 static int do_argmax(void *c)

@@ -54,9 +54,9 @@ static int ds_rmsnorm(struct backend *b, float *out, const float *x, const float
 }
 
 static int ds_rope(struct backend *b, float *x, const uint32_t *pos, uint32_t n, uint32_t nh,
-		   uint32_t hd, uint32_t rot, float theta, int neox)
+		   uint32_t hd, const struct kb_rope *rope)
 {
-	return DS_CPU(b)->ops->rope(DS_CPU(b), x, pos, n, nh, hd, rot, theta, neox);
+	return DS_CPU(b)->ops->rope(DS_CPU(b), x, pos, n, nh, hd, rope);
 }
 
 static int ds_swiglu(struct backend *b, float *out, const float *g, const float *u, uint32_t n,

@@ -17,6 +17,7 @@
 #include "kernels/cuda/plan.h"
 #include "tests/devsim.h"
 
+
 static struct backend *GPU;	/* NULL without a device */
 static struct backend *CPU;
 static char gpu_why[256];
@@ -476,8 +477,8 @@ static void test_row_ops(void **state)
 		for (size_t i = 0; i < (size_t)n * nh * hd; i++)
 			x[i] = rng_f(-2.0f, 2.0f);
 		GPU->ops->upload(GPU, dx, x, (size_t)n * nh * hd * 4);
-		assert_int_equal(GPU->ops->rope(GPU, dx, dpos, n, nh, hd, hd, 100000.0f, neox), 0);
-		assert_int_equal(CPU->ops->rope(CPU, x, pos, n, nh, hd, hd, 100000.0f, neox), 0);
+		assert_int_equal(GPU->ops->rope(GPU, dx, dpos, n, nh, hd, &KB_ROPE_PLAIN(hd, 100000.0f, neox)), 0);
+		assert_int_equal(CPU->ops->rope(CPU, x, pos, n, nh, hd, &KB_ROPE_PLAIN(hd, 100000.0f, neox)), 0);
 		got = host_from(dx, (size_t)n * nh * hd);
 		double e = rel_err_f(got, x, (size_t)n * nh * hd);
 		printf("rope neox %d: rel err %.3g\n", neox, e);

@@ -25,6 +25,7 @@
 #include "kernels/cpu/threadpool.h"
 #include "tests/lib/wait.h"
 
+
 /* ---- helpers ---- */
 
 static uint64_t rng_s;
@@ -1065,8 +1066,7 @@ static void test_rope(void **state)
 			pos[r] = r < 4 ? (uint32_t)r : r == N - 1 ? 4000 : rng_below(300);
 		for (int i = 0; i < N * NH * HD; i++)
 			x0[i] = x[i] = rng_f(-1.0f, 1.0f);
-		assert_int_equal(be->ops->rope(be, x, pos, N, NH, HD, rot, cfg[c].theta,
-					       cfg[c].neox), 0);
+		assert_int_equal(be->ops->rope(be, x, pos, N, NH, HD, &KB_ROPE_PLAIN(rot, cfg[c].theta, cfg[c].neox)), 0);
 		for (int r = 0; r < N; r++) {
 			ops_rope_table(cs, pos[r], rot, cfg[c].theta);
 			for (uint32_t i = 0; i < half; i++) {
@@ -1109,8 +1109,8 @@ static void test_rope(void **state)
 			}
 		}
 	}
-	assert_int_equal(be->ops->rope(be, x, pos, 1, NH, HD, HD + 2, 10000.0f, 0), -EINVAL);
-	assert_int_equal(be->ops->rope(be, x, pos, 1, NH, HD, 31, 10000.0f, 0), -EINVAL);
+	assert_int_equal(be->ops->rope(be, x, pos, 1, NH, HD, &KB_ROPE_PLAIN(HD + 2, 10000.0f, 0)), -EINVAL);
+	assert_int_equal(be->ops->rope(be, x, pos, 1, NH, HD, &KB_ROPE_PLAIN(31, 10000.0f, 0)), -EINVAL);
 	be->ops->destroy(be);
 }
 

@@ -69,7 +69,7 @@ if have readelf && have nm && have ldd; then
 		echo "$dyn" | grep NEEDED | grep -q "$lib" || why="$why; does not name $lib"
 		echo "$resolved" | grep "$lib" | grep -q "not found" && why="$why; $lib not found from the object"
 	done
-	[ "$exports" = "kvd_cuda_backend_v1@@KVD_CUDA_1" ] || why="$why; exports '$exports'"
+	[ "$exports" = "kvd_cuda_backend_v2@@KVD_CUDA_2" ] || why="$why; exports '$exports'"
 	if [ -z "$why" ]; then
 		runpath=$(echo "$dyn" | sed -n 's/.*R\(UN\)\{0,1\}PATH.*\[\(.*\)\]/\2/p')
 		ok "libkvd-cuda.so finds cudart and cuBLAS (RUNPATH '${runpath:-none}') and exports $exports alone"
@@ -168,8 +168,8 @@ fi
 if have cc; then
 	mkdir -p "$tmp/nodep" "$tmp/stale" "$tmp/abi"
 	echo 'int kvd_missing_dep(void) { return 0; }' >"$tmp/dep.c"
-	echo 'int kvd_missing_dep(void); int kvd_cuda_backend_v1(void) { return kvd_missing_dep(); }' >"$tmp/nodep.c"
-	echo 'int kvd_cuda_backend_v0(void) { return 0; }' >"$tmp/stale.c"
+	echo 'int kvd_missing_dep(void); int kvd_cuda_backend_v2(void) { return kvd_missing_dep(); }' >"$tmp/nodep.c"
+	echo 'int kvd_cuda_backend_v1(void) { return 0; }' >"$tmp/stale.c"
 	cat >"$tmp/abi.c" <<'EOF'
 #include "kernels/backend.h"
 static const struct kb_cuda_api api = { .abi = KB_CUDA_ABI + 1, .ops_size = sizeof(struct backend_ops) };
@@ -181,7 +181,7 @@ EOF
 		cc -shared -fPIC -I. -o "$tmp/abi/libkvd-cuda.so" "$tmp/abi.c"; then
 		rm "$tmp/libkvd-missing-dep.so"
 		for c in "nodep:$tmp/nodep/libkvd-cuda.so: libkvd-missing-dep.so: cannot open shared object file" \
-			"stale:$tmp/stale/libkvd-cuda.so has no kvd_cuda_backend_v1: it was built for another version of kvd" \
+			"stale:$tmp/stale/libkvd-cuda.so has no kvd_cuda_backend_v2: it was built for another version of kvd" \
 			"abi:$tmp/abi/libkvd-cuda.so has backend ABI "; do
 			d=${c%%:*}
 			want="cpu backend: auto, CUDA backend not loadable: ${c#*:}"

@@ -21,6 +21,7 @@
 #include "tests/lib/fixture.h"
 #include "tests/lib/rng.h"
 
+
 static struct backend *REFB, *CPUB;
 
 static int setup(void **state)
@@ -279,13 +280,13 @@ static void test_rope(void **state)
 	float x[8];
 	uint32_t pos[2] = { 3, 3 };
 	memcpy(x, x0, sizeof(x0));
-	assert_int_equal(REFB->ops->rope(REFB, x, pos, 1, 1, 4, 4, 100.0f, 0), 0);
+	assert_int_equal(REFB->ops->rope(REFB, x, pos, 1, 1, 4, &KB_ROPE_PLAIN(4, 100.0f, 0)), 0);
 	assert_true(x[0] == (float)(1 * cos(a0) - 2 * sin(a0)));
 	assert_true(x[1] == (float)(1 * sin(a0) + 2 * cos(a0)));
 	assert_true(x[2] == (float)(3 * cos(a1) - 4 * sin(a1)));
 	assert_true(x[3] == (float)(3 * sin(a1) + 4 * cos(a1)));
 	memcpy(x, x0, sizeof(x0));
-	assert_int_equal(REFB->ops->rope(REFB, x, pos, 1, 1, 4, 4, 100.0f, 1), 0);
+	assert_int_equal(REFB->ops->rope(REFB, x, pos, 1, 1, 4, &KB_ROPE_PLAIN(4, 100.0f, 1)), 0);
 	assert_true(x[0] == (float)(1 * cos(a0) - 3 * sin(a0)));
 	assert_true(x[2] == (float)(1 * sin(a0) + 3 * cos(a0)));
 	assert_true(x[1] == (float)(2 * cos(a1) - 4 * sin(a1)));
@@ -293,9 +294,9 @@ static void test_rope(void **state)
 	/* rot_dim 2 of head_dim 4, two heads: only dims 0, 1 of each turn, by pos alone. */
 	memcpy(x, x0, sizeof(x0));
 	memcpy(x + 4, x0, sizeof(x0));
-	assert_int_equal(REFB->ops->rope(REFB, x, pos, 1, 2, 4, 2, 100.0f, 0), 0);
+	assert_int_equal(REFB->ops->rope(REFB, x, pos, 1, 2, 4, &KB_ROPE_PLAIN(2, 100.0f, 0)), 0);
 	assert_true(x[4] == (float)(1 * cos(a0) - 2 * sin(a0)) && x[6] == 3 && x[7] == 4);
-	assert_int_equal(REFB->ops->rope(REFB, x, pos, 1, 1, 4, 3, 100.0f, 0), -EINVAL);
+	assert_int_equal(REFB->ops->rope(REFB, x, pos, 1, 1, 4, &KB_ROPE_PLAIN(3, 100.0f, 0)), -EINVAL);
 }
 
 /* A paged cache of type: 2-token blocks, the sequence's table out of order. */
@@ -334,7 +335,7 @@ static void test_attention_exact(void **state)
 	const float scale = 0.7f;
 	float out[4];
 	uint32_t pos = 2;
-	struct kb_attn_shape sh = { 2, 1, 2, scale };
+	struct kb_attn_shape sh = { .n_heads = 2, .n_kv_heads = 1, .head_dim = 2, .scale = scale };
 	assert_int_equal(REFB->ops->attention_rows(REFB, out, q, &t.rows, &pos, 1, &sh), 0);
 	for (int h = 0; h < 2; h++) {
 		double s[3], sum = 0, o0 = 0, o1 = 0;
@@ -387,7 +388,7 @@ static void test_kv_types(void **state)
 		assert_int_equal((int8_t)krow[2 + i], (int)roundf(k[i] * (1.0f / (amax / 127))));
 	/* Attention of one position reads V back: d * q. */
 	float q[32] = { 0 }, out[32];
-	struct kb_attn_shape sh = { 1, 1, 32, 1.0f };
+	struct kb_attn_shape sh = { .n_heads = 1, .n_kv_heads = 1, .head_dim = 32, .scale = 1.0f };
 	uint32_t p0 = 0;
 	assert_int_equal(REFB->ops->write_kv_rows(REFB, &t.rows, &p0, 1, 32, k, v), 0);
 	assert_int_equal(REFB->ops->attention_rows(REFB, out, q, &t.rows, &p0, 1, &sh), 0);
@@ -613,8 +614,8 @@ static void test_cpu_rows(void **state)
 	for (int neox = 0; neox < 2; neox++) {
 		memcpy(a, x, N * NH * HD * sizeof(float));
 		memcpy(b, x, N * NH * HD * sizeof(float));
-		assert_int_equal(REFB->ops->rope(REFB, a, pos, N, NH, HD, HD, 100000.0f, neox), 0);
-		assert_int_equal(CPUB->ops->rope(CPUB, b, pos, N, NH, HD, HD, 100000.0f, neox), 0);
+		assert_int_equal(REFB->ops->rope(REFB, a, pos, N, NH, HD, &KB_ROPE_PLAIN(HD, 100000.0f, neox)), 0);
+		assert_int_equal(CPUB->ops->rope(CPUB, b, pos, N, NH, HD, &KB_ROPE_PLAIN(HD, 100000.0f, neox)), 0);
 		/* Positions within a 512-token context; 2047 and 8191 reported below. */
 		e_rope[neox] = max_rel(b, a, 5 * NH * HD);
 	}
@@ -654,7 +655,7 @@ static double compare_attention(uint32_t type, uint32_t np)
 		.tables = &table, .tab_off = off, .tab_len = len,
 		.h_tab_off = off, .h_tab_len = len, .h_pos = pos,
 	};
-	struct kb_attn_shape sh = { NH, NKV, HD, 0.125f };
+	struct kb_attn_shape sh = { .n_heads = NH, .n_kv_heads = NKV, .head_dim = HD, .scale = 0.125f };
 	/* One cache, written by the CPU: both read the same bits. */
 	assert_int_equal(CPUB->ops->write_kv_rows(CPUB, &kv, pos, np, KVD, k, v), 0);
 	assert_int_equal(REFB->ops->attention_rows(REFB, oa, q, &kv, pos, np, &sh), 0);

@@ -333,10 +333,9 @@ static int forward_layer(struct engine *e, uint32_t l, struct step *st)
 	float *const qkv_out[3] = { e->q, e->k, e->v };
 	const struct kb_weight *const qkv[3] = { &L->wq, &L->wk, &L->wv };
 	TRY(op->matmul_multi(be, qkv_out, qkv, 3, e->xb, n));
-	TRY(op->rope(be, e->q, st->pos, n, hp->n_heads, hp->head_dim, hp->rot_dim,
-		     hp->rope_theta, hp->rope_neox));
-	TRY(op->rope(be, e->k, st->pos, n, hp->n_kv_heads, hp->head_dim, hp->rot_dim,
-		     hp->rope_theta, hp->rope_neox));
+	const struct kb_rope rope = KB_ROPE_PLAIN(hp->rot_dim, hp->rope_theta, hp->rope_neox);
+	TRY(op->rope(be, e->q, st->pos, n, hp->n_heads, hp->head_dim, &rope));
+	TRY(op->rope(be, e->k, st->pos, n, hp->n_kv_heads, hp->head_dim, &rope));
 
 	struct kb_attn_shape shape = {
 		.n_heads = hp->n_heads, .n_kv_heads = hp->n_kv_heads,

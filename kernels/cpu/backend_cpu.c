@@ -361,19 +361,23 @@ static void rope_task(void *ctx, uint32_t r)
 }
 
 static int cpu_rope(struct backend *b, float *x, const uint32_t *pos, uint32_t n,
-		    uint32_t n_heads, uint32_t head_dim, uint32_t rot_dim, float theta, int neox)
+		    uint32_t n_heads, uint32_t head_dim, const struct kb_rope *rope)
 {
 	struct cpu_backend *cb = CPU(b);
+	uint32_t rot_dim = rope->rot_dim;
 	if (rot_dim > head_dim || rot_dim % 2)
 		return -EINVAL;
+	if (rope->freq_factors || rope->freq_scale != 1.0f || rope->ext_factor != 0.0f ||
+	    rope->attn_factor != 1.0f)
+		return -ENOTSUP;
 	uint32_t maxp = 0;
 	for (uint32_t r = 0; r < n; r++)
 		maxp = pos[r] > maxp ? pos[r] : maxp;
-	int rc = rope_cache(cb, maxp + 1, rot_dim, theta);
+	int rc = rope_cache(cb, maxp + 1, rot_dim, rope->theta);
 	if (rc)
 		return rc;
 	struct row_job j = { .out = x, .pos = pos, .cb = cb, .n_heads = n_heads,
-			     .head_dim = head_dim, .rot_dim = rot_dim, .neox = neox };
+			     .head_dim = head_dim, .rot_dim = rot_dim, .neox = rope->neox };
 	threadpool_run(cb->tp, rope_task, &j, n);
 	return 0;
 }
@@ -483,6 +487,8 @@ static int attention_ok(const struct kb_attn_shape *shape, const struct kb_kv_vi
 	if (shape->n_kv_heads == 0 || shape->n_heads % shape->n_kv_heads ||
 	    shape->n_heads / shape->n_kv_heads > 16 || shape->head_dim > 256)
 		return -EINVAL;
+	if (shape->softcap != 0.0f || shape->window)
+		return -ENOTSUP;
 	int rc = kv_view_ok(geo, shape->n_kv_heads * shape->head_dim);
 	if (rc)
 		return rc;

@@ -155,10 +155,16 @@ static int cu_add_rmsnorm(struct backend *b, float *out, float *x, const float *
 }
 
 static int cu_rope(struct backend *b, float *x, const uint32_t *pos, uint32_t n, uint32_t n_heads,
-		   uint32_t head_dim, uint32_t rot_dim, float theta, int neox)
+		   uint32_t head_dim, const struct kb_rope *rope)
 {
+	uint32_t rot_dim = rope->rot_dim;
+	float theta = rope->theta;
+	int neox = rope->neox;
 	if (rot_dim > head_dim || rot_dim % 2)
 		return -EINVAL;
+	if (rope->freq_factors || rope->freq_scale != 1.0f || rope->ext_factor != 0.0f ||
+	    rope->attn_factor != 1.0f)
+		return -ENOTSUP;
 	/* The same powf as the CPU's table, on the host, so both walk identical angles. */
 	float step = powf(theta, -2.0f / (float)rot_dim);
 	return cuda_rope(CU(b)->stream, x, pos, n, n_heads, head_dim, rot_dim, step, neox);
@@ -213,6 +219,8 @@ static int cu_attention_rows(struct backend *b, float *out, const float *q,
 	struct cuda_backend *cb = CU(b);
 	if (n == 0)
 		return 0;
+	if (sh->softcap != 0.0f || sh->window)
+		return -ENOTSUP;
 	if (sh->n_kv_heads == 0 || sh->n_heads % sh->n_kv_heads)
 		return -EINVAL;
 	int rc = kv_ok(&kv->geo, sh->n_kv_heads * sh->head_dim);

@@ -25,7 +25,7 @@ int ref_grow(void **buf, size_t *cap, size_t n, size_t sz);
 int ref_rmsnorm(struct backend *b, float *out, const float *x, const float *g, uint32_t n,
 		uint32_t dim, float eps);
 int ref_rope(struct backend *b, float *x, const uint32_t *pos, uint32_t n, uint32_t n_heads,
-	     uint32_t head_dim, uint32_t rot_dim, float theta, int neox);
+	     uint32_t head_dim, const struct kb_rope *rope);
 int ref_swiglu(struct backend *b, float *out, const float *gate, const float *up, uint32_t n,
 	       uint32_t dim);
 int ref_add(struct backend *b, float *x, const float *y, uint32_t n, uint32_t dim);

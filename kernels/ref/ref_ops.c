@@ -60,15 +60,21 @@ int ref_swiglu(struct backend *b, float *out, const float *gate, const float *up
  * position to the next).
  */
 int ref_rope(struct backend *b, float *x, const uint32_t *pos, uint32_t n, uint32_t n_heads,
-	     uint32_t head_dim, uint32_t rot_dim, float theta, int neox)
+	     uint32_t head_dim, const struct kb_rope *rope)
 {
 	(void)b;
+	uint32_t rot_dim = rope->rot_dim;
+	double theta = rope->theta;
+	int neox = rope->neox;
 	if (rot_dim > head_dim || rot_dim % 2)
 		return -EINVAL;
+	if (rope->freq_factors || rope->freq_scale != 1.0f || rope->ext_factor != 0.0f ||
+	    rope->attn_factor != 1.0f)
+		return -ENOTSUP;
 	uint32_t half = rot_dim / 2;
 	for (uint32_t r = 0; r < n; r++) {
 		for (uint32_t i = 0; i < half; i++) {
-			double a = (double)pos[r] * pow((double)theta, -2.0 * i / rot_dim);
+			double a = (double)pos[r] * pow(theta, -2.0 * i / rot_dim);
 			double c = cos(a), s = sin(a);
 			uint32_t i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
 			for (uint32_t h = 0; h < n_heads; h++) {
@@ -214,6 +220,8 @@ int ref_attention_rows(struct backend *b, float *out, const float *q,
 	struct ref_backend *rb = REF(b);
 	if (sh->n_kv_heads == 0 || sh->n_heads % sh->n_kv_heads || sh->head_dim == 0)
 		return -EINVAL;
+	if (sh->softcap != 0.0f || sh->window)
+		return -ENOTSUP;
 	int rc = kv_ok(&kv->geo, sh->n_kv_heads * sh->head_dim);
 	if (rc)
 		return rc;
