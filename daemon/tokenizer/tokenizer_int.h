@@ -41,6 +41,7 @@ struct tok_entry {
 	const char *text;	/* in the GGUF mapping, not NUL-terminated */
 	uint32_t len;
 	uint8_t type;		/* enum tok_type */
+	uint8_t rstrip;		/* a match as a special token eats the ASCII spaces after it */
 	float score;		/* SentencePiece merge priority, 0 for BPE */
 };
 
