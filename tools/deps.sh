@@ -1,7 +1,13 @@
 #!/bin/sh
-# deps.sh — install kvd's build and test dependencies from Debian's packages.
-# Idempotent: prints nothing and touches nothing when all are installed.
+# deps.sh — install kvd's build and test dependencies: Debian's packages, then the test data fetched from PyPI.
+# Idempotent: prints nothing and touches nothing when all are there.
+#
+# The test data is llama.cpp's tokenizer test vocabularies, extracted from
+# the pinned llama-cpp-python sdist into build/vocab (tests/vocab/fetch.sh;
+# tests/test_vocab.c reads them there). It is fetched as the user running
+# this, not through sudo, so that build/ stays theirs.
 set -eu
+root=$(cd "$(dirname "$0")/.." && pwd)
 pkgs="build-essential pkg-config liburing-dev libbpf-dev clang llvm bpftool
 libelf-dev zlib1g-dev libcmocka-dev libsystemd-dev systemtap-sdt-dev
 libxxhash-dev python3 python3-pip cmake unzip gnuplot-nox valgrind systemd procps linux-perf libclang-rt-dev"
@@ -10,14 +16,16 @@ for p in $pkgs; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" ||
 		missing="$missing $p"
 done
-[ -z "$missing" ] && exit 0
-if [ "$(id -u)" -ne 0 ]; then
-	SUDO=sudo
-else
-	SUDO=
+if [ -n "$missing" ]; then
+	if [ "$(id -u)" -ne 0 ]; then
+		SUDO=sudo
+	else
+		SUDO=
+	fi
+	echo "deps: installing$missing"
+	export DEBIAN_FRONTEND=noninteractive
+	$SUDO apt-get update -qq
+	# shellcheck disable=SC2086
+	$SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null
 fi
-echo "deps: installing$missing"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-# shellcheck disable=SC2086
-$SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null
+sh "$root/tests/vocab/fetch.sh" "$root/build"

@@ -70,6 +70,11 @@ static const struct {
 	uint8_t ignore_merges;
 	uint8_t add_bos;
 } k_pre[] = {
+	/*
+	 * llama.cpp's names (src/llama-vocab.cpp) grouped by the regexes and
+	 * flags they select there; a name missing here is refused, never
+	 * guessed. "gpt2" is kvd's own alias of "gpt-2".
+	 */
 	/* llama.cpp's fallback for models converted without a known pre-tokenizer. */
 	{ "default", { PRE_RUN_PUNCT, PRE_GPT2, PRE_RUN_NUMBER, PRE_DIGITS3 }, 4, 0, 0 },
 	{ "gpt2", { PRE_GPT2 }, 1, 0, 0 },
@@ -78,16 +83,29 @@ static const struct {
 	{ "mpt", { PRE_GPT2 }, 1, 0, 0 },
 	{ "olmo", { PRE_GPT2 }, 1, 0, 0 },
 	{ "jais", { PRE_GPT2 }, 1, 0, 0 },
+	{ "exaone4", { PRE_GPT2 }, 1, 0, 0 },
 	{ "smollm", { PRE_EACH_NUMBER, PRE_GPT2 }, 2, 0, 0 },
 	{ "starcoder", { PRE_EACH_NUMBER, PRE_GPT2 }, 2, 0, 0 },
 	{ "refact", { PRE_EACH_NUMBER, PRE_GPT2 }, 2, 0, 0 },
 	{ "command-r", { PRE_EACH_NUMBER, PRE_GPT2 }, 2, 0, 0 },
 	{ "codeshell", { PRE_EACH_NUMBER, PRE_GPT2 }, 2, 0, 0 },
 	{ "exaone", { PRE_EACH_NUMBER, PRE_GPT2 }, 2, 0, 0 },
+	{ "minerva-7b", { PRE_EACH_NUMBER, PRE_GPT2 }, 2, 0, 0 },
+	{ "falcon", { PRE_RUN_PUNCT_BT, PRE_GPT2, PRE_DIGITS3 }, 3, 0, 0 },
+	{ "qwen2", { PRE_QWEN2 }, 1, 0, 0 },
+	{ "deepseek-r1-qwen", { PRE_QWEN2 }, 1, 0, 0 },
+	{ "stablelm2", { PRE_QWEN2 }, 1, 0, 0 },
+	{ "megrez", { PRE_QWEN2 }, 1, 0, 0 },
+	{ "hunyuan", { PRE_QWEN2 }, 1, 0, 0 },
+	{ "qwen35", { PRE_QWEN35 }, 1, 0, 0 },
+	/* llama 3's regex without its flags. */
+	{ "dbrx", { PRE_LLAMA3 }, 1, 0, 0 },
+	{ "smaug-bpe", { PRE_LLAMA3 }, 1, 0, 0 },
 	{ "llama-bpe", { PRE_LLAMA3 }, 1, 1, 1 },
 	{ "llama3", { PRE_LLAMA3 }, 1, 1, 1 },
 	{ "llama-v3", { PRE_LLAMA3 }, 1, 1, 1 },
 	{ "falcon3", { PRE_LLAMA3 }, 1, 1, 1 },
+	{ "falcon-h1", { PRE_LLAMA3 }, 1, 1, 1 },
 	{ "pixtral", { PRE_LLAMA3 }, 1, 1, 1 },
 };
 
@@ -428,10 +446,14 @@ emit:
 /*
  * (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
  * ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+ * and its two variants: qwen2 has \p{N} for \p{N}{1,3} (digits = 1), qwen35
+ * also [\p{L}\p{M}] for \p{L} (letter = UNI_LETTER | UNI_MARK), in both the
+ * word and the [^\s...] alternatives.
  */
-static void scan_llama3(struct pre_ctx *c, uint32_t k, uint32_t a, uint32_t b)
+static void scan_llama3(struct pre_ctx *c, uint32_t k, uint32_t a, uint32_t b, uint32_t letter,
+			uint32_t digits)
 {
-	const uint32_t cls = UNI_SPACE | UNI_LETTER | UNI_NUMBER;
+	const uint32_t cls = UNI_SPACE | letter | UNI_NUMBER;
 	uint32_t pos = a;
 
 	while (pos < b && !c->ret) {
@@ -443,17 +465,17 @@ static void scan_llama3(struct pre_ctx *c, uint32_t k, uint32_t a, uint32_t b)
 			goto emit;
 		}
 		if (!(cp == '\r' || cp == '\n' || (f & UNI_NUMBER)) &&
-		    ((f & UNI_LETTER) || (F(pos + 1) & UNI_LETTER))) {
-			for (pos++; F(pos) & UNI_LETTER; pos++)
+		    ((f & letter) || (F(pos + 1) & letter))) {
+			for (pos++; F(pos) & letter; pos++)
 				;
 			goto emit;
 		}
 		if (f & UNI_NUMBER) {
-			/* \p{N}{1,3}: a run splits into threes from the left. */
+			/* \p{N}{1,digits}: a run splits into pieces of that many from the left. */
 			uint32_t ini = pos;
 
 			while (F(pos) & UNI_NUMBER) {
-				if (++pos - ini >= 3) {
+				if (++pos - ini >= digits) {
 					pre_emit(c, k + 1, ini, pos);
 					ini = pos;
 				}
@@ -489,37 +511,37 @@ emit:
 	}
 }
 
-/* Runs of code points with (flags & mask) != 0 and the gaps between them; single: each alone. */
-static void scan_class(struct pre_ctx *c, uint32_t k, uint32_t a, uint32_t b, int punct, int single)
+/*
+ * Membership in a scan_class() class: 0 \p{N}; 1 [\p{P}\$\+<=>\^~\|]; 2 the
+ * same with ` (falcon). The ASCII symbols are listed because they are \p{S}.
+ */
+static int in_class(const struct pre_ctx *c, uint32_t pos, uint32_t b, int cls)
+{
+	uint32_t x;
+
+	if (pos >= b)
+		return 0;
+	if (cls == 0)
+		return (c->fl[pos] & UNI_NUMBER) != 0;
+	x = c->cp[pos];
+	return (c->fl[pos] & UNI_PUNCT) || x == '$' || x == '+' || x == '<' || x == '=' ||
+	       x == '>' || x == '^' || x == '~' || x == '|' || (cls == 2 && x == '`');
+}
+
+/* Runs of class cls (in_class()) and the gaps between them; single: each member alone. */
+static void scan_class(struct pre_ctx *c, uint32_t k, uint32_t a, uint32_t b, int cls, int single)
 {
 	uint32_t pos = a;
 
 	while (pos < b) {
 		uint32_t start = pos;
-		int in;
+		int in = in_class(c, pos, b, cls);
 
-		if (punct) {
-			uint32_t x = C(pos);
-
-			in = (F(pos) & UNI_PUNCT) || x == '$' || x == '+' || x == '<' || x == '=' ||
-			     x == '>' || x == '^' || x == '~' || x == '|';
-		} else {
-			in = (F(pos) & UNI_NUMBER) != 0;
-		}
-		if (in && single) {
+		if (in && single)
 			pos++;
-		} else {
-			for (pos++; pos < b; pos++) {
-				uint32_t x = C(pos);
-				int in2 = punct ? ((F(pos) & UNI_PUNCT) || x == '$' || x == '+' ||
-						   x == '<' || x == '=' || x == '>' || x == '^' ||
-						   x == '~' || x == '|')
-						: (F(pos) & UNI_NUMBER) != 0;
-
-				if (in2 != in || (in2 && single))
-					break;
-			}
-		}
+		else
+			for (pos++; pos < b && in_class(c, pos, b, cls) == in && !(in && single); pos++)
+				;
 		pre_emit(c, k + 1, start, pos);
 	}
 }
@@ -552,7 +574,13 @@ static void pre_stage(struct pre_ctx *c, uint32_t k, uint32_t a, uint32_t b)
 		scan_gpt2(c, k, a, b);
 		break;
 	case PRE_LLAMA3:
-		scan_llama3(c, k, a, b);
+		scan_llama3(c, k, a, b, UNI_LETTER, 3);
+		break;
+	case PRE_QWEN2:
+		scan_llama3(c, k, a, b, UNI_LETTER, 1);
+		break;
+	case PRE_QWEN35:
+		scan_llama3(c, k, a, b, UNI_LETTER | UNI_MARK, 1);
 		break;
 	case PRE_EACH_NUMBER:
 		scan_class(c, k, a, b, 0, 1);
@@ -562,6 +590,9 @@ static void pre_stage(struct pre_ctx *c, uint32_t k, uint32_t a, uint32_t b)
 		break;
 	case PRE_RUN_PUNCT:
 		scan_class(c, k, a, b, 1, 0);
+		break;
+	case PRE_RUN_PUNCT_BT:
+		scan_class(c, k, a, b, 2, 0);
 		break;
 	case PRE_DIGITS3:
 		scan_digits3(c, k, a, b);

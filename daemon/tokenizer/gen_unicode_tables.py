@@ -3,8 +3,13 @@
 tables behind unicode_flags() (see daemon/tokenizer/unicode.h).
 
 Run from the repository root:  python3 daemon/tokenizer/gen_unicode_tables.py
-Uses the newer unicodedata2 package when installed, else the interpreter's
-unicodedata; the Unicode version is recorded in the output.
+Uses the unicodedata2 package when installed, else the interpreter's
+unicodedata; the Unicode version is recorded in the output. The committed
+tables come from unicodedata2==15.1.0 (PyPI), the Unicode version of the
+tables in llama.cpp's src/unicode-data.cpp that kvd's pre-tokenizers must
+agree with (a letter in a newer version is a different split):
+    python3 -m venv /tmp/uvenv && /tmp/uvenv/bin/pip install unicodedata2==15.1.0
+    /tmp/uvenv/bin/python daemon/tokenizer/gen_unicode_tables.py
 """
 import sys
 
@@ -13,7 +18,7 @@ try:
 except ImportError:
     import unicodedata as ud
 
-LETTER, NUMBER, SPACE, PUNCT = 1, 2, 4, 8
+LETTER, NUMBER, SPACE, PUNCT, MARK = 1, 2, 4, 8, 16
 
 # The White_Space property (PropList.txt); unicodedata has no accessor for it,
 # and str.isspace() differs (it counts U+001C..U+001F).
@@ -30,6 +35,8 @@ def flags_of(cp):
         f |= NUMBER
     elif cat[0] == "P":
         f |= PUNCT
+    elif cat[0] == "M":
+        f |= MARK
     if cp in WHITE_SPACE:
         f |= SPACE
     return f

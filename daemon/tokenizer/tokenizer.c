@@ -206,6 +206,40 @@ static int build_special_list(struct tokenizer *t)
 	return 0;
 }
 
+/*
+ * llama.cpp's token attributes set by model name: in a model named Phi-3
+ * every special token but <unk>, <s> and <|endoftext|> (and </s> too)
+ * strips the whitespace that follows it, so "<|user|>\nHi" encodes as
+ * "<|user|>Hi" does.
+ */
+static void load_strip(struct tokenizer *t, const struct gguf_file *f)
+{
+	static const char *const keep[] = { "<unk>", "<s>", "<|endoftext|>" };
+	struct gguf_str name;
+	char low[256];
+	size_t n;
+	uint32_t id;
+
+	if (gguf_get_str(f, "general.name", &name) != 0)
+		return;
+	n = name.len < sizeof(low) - 1 ? name.len : sizeof(low) - 1;
+	for (size_t i = 0; i < n; i++)
+		low[i] = (char)((name.ptr[i] >= 'A' && name.ptr[i] <= 'Z') ? name.ptr[i] | 0x20 : name.ptr[i]);
+	low[n] = 0;
+	if (!strstr(low, "phi-3") && !strstr(low, "phi3"))
+		return;
+	for (uint32_t i = 0; i < t->n_special; i++)
+		t->vocab[t->special[i]].rstrip = 1;
+	id = tok_lookup(t, "</s>", 4);
+	if (id != TOK_NONE)
+		t->vocab[id].rstrip = 1;
+	for (size_t i = 0; i < sizeof(keep) / sizeof(keep[0]); i++) {
+		id = tok_lookup(t, keep[i], strlen(keep[i]));
+		if (id != TOK_NONE)
+			t->vocab[id].rstrip = 0;
+	}
+}
+
 int tokenizer_create(struct tokenizer **out, const struct gguf_file *f, char *err, size_t errlen)
 {
 	struct tokenizer *t;
@@ -247,6 +281,7 @@ int tokenizer_create(struct tokenizer **out, const struct gguf_file *f, char *er
 	ret = build_special_list(t);
 	if (ret)
 		goto err_free;
+	load_strip(t, f);
 	ret = tok_chat_init(t, f);
 	if (ret)
 		goto err_free;
@@ -349,6 +384,12 @@ static int match_ok(const struct tok_entry *e, size_t at, size_t n, const struct
 	return 1;
 }
 
+/* C's isspace() in the C locale, which llama.cpp's strip uses. */
+static int is_ascii_space(char c)
+{
+	return c == ' ' || (c >= '\t' && c <= '\r');
+}
+
 /*
  * Cut every occurrence of special token id out of the raw fragments of in,
  * into out, but for matches overlapping plain: those stay raw text.
@@ -377,6 +418,8 @@ static int split_one(const struct tokenizer *t, const char *text, uint32_t id,
 				ret |= frags_push(out, g.off, at - g.off, TOK_NONE);
 			ret |= frags_push(out, at, e->len, id);
 			g.off = from = at + e->len;
+			while (e->rstrip && g.off < end && is_ascii_space(text[g.off]))
+				g.off = ++from;
 			g.len = end - g.off;
 		}
 		if (g.len || g.id != TOK_NONE)

@@ -24,9 +24,12 @@ enum tok_type {
 enum tok_pre_stage {
 	PRE_GPT2,		/* 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ */
 	PRE_LLAMA3,		/* llama 3's pattern (case-insensitive contractions, \p{N}{1,3}, newlines) */
+	PRE_QWEN2,		/* llama 3's with \p{N} (each number code point alone) */
+	PRE_QWEN35,		/* qwen2's with [\p{L}\p{M}] for letters (combining marks join words) */
 	PRE_EACH_NUMBER,	/* \p{N}: every number code point alone */
 	PRE_RUN_NUMBER,		/* \p{N}+ */
 	PRE_RUN_PUNCT,		/* [\p{P}\$\+<=>\^~\|]+ */
+	PRE_RUN_PUNCT_BT,	/* [\p{P}\$\+<=>\^~\|`]+ (falcon) */
 	PRE_DIGITS3,		/* [0-9][0-9][0-9] */
 	PRE_LAST
 };
@@ -38,6 +41,7 @@ struct tok_entry {
 	const char *text;	/* in the GGUF mapping, not NUL-terminated */
 	uint32_t len;
 	uint8_t type;		/* enum tok_type */
+	uint8_t rstrip;		/* a match as a special token eats the ASCII spaces after it */
 	float score;		/* SentencePiece merge priority, 0 for BPE */
 };
 

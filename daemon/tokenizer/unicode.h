@@ -9,6 +9,7 @@
 #define UNI_NUMBER (1U << 1)	/* general category N* */
 #define UNI_SPACE  (1U << 2)	/* White_Space property */
 #define UNI_PUNCT  (1U << 3)	/* general category P* */
+#define UNI_MARK   (1U << 4)	/* general category M* */
 
 struct unicode_range {
 	uint32_t lo, hi;	/* inclusive */
