@@ -249,6 +249,25 @@ static uint16_t f16_in(float lo, float hi)
 	return f32_to_fp16(rng_f(lo, hi));
 }
 
+static void put16(uint8_t *p, uint16_t v)
+{
+	memcpy(p, &v, 2);
+}
+
+/*
+ * 1 when the CPU backend decodes type (the reference the device tests
+ * compare with); the new types come to the CPU on another line of work.
+ */
+static int cpu_decodes(uint32_t type)
+{
+	uint32_t be, bb;
+	if (kb_type_block(type, &be, &bb) || 256 % be)
+		return 0;
+	uint8_t blk[256 / 32 * 64] = { 0 };	/* zero scales: any 256 elements decode to 0 */
+	float out[256];
+	return 256 / be * bb <= sizeof(blk) && dequantize_row(type, blk, out, 256) == 0;
+}
+
 /* A random weight (rows, cols) of type with sane scales: random quants, small f16 scales. */
 static uint8_t *rand_weight(uint32_t type, uint32_t rows, uint32_t cols, size_t *row_bytes)
 {
@@ -291,6 +310,28 @@ static uint8_t *rand_weight(uint32_t type, uint32_t rows, uint32_t cols, size_t 
 		case KB_Q6_K:
 			((struct blk_q6_k *)p)->d = f16_in(0.0001f, 0.002f);
 			break;
+		case KB_Q5_0:
+		case KB_IQ4_NL:
+			put16(p, f16_in(0.001f, 0.02f));
+			break;
+		case KB_Q5_1:
+			put16(p, f16_in(0.001f, 0.02f));
+			put16(p + 2, f16_in(-0.1f, 0.1f));
+			break;
+		case KB_Q2_K:	/* d, dmin after 16 scale bytes and 64 of quants */
+			put16(p + 80, f16_in(0.0001f, 0.002f));
+			put16(p + 82, f16_in(0.0001f, 0.002f));
+			break;
+		case KB_Q3_K:	/* d last, after hmask, quants and scales */
+			put16(p + 108, f16_in(0.0001f, 0.002f));
+			break;
+		case KB_Q5_K:
+			put16(p, f16_in(0.0001f, 0.002f));
+			put16(p + 2, f16_in(0.0001f, 0.002f));
+			break;
+		case KB_IQ4_XS:
+			put16(p, f16_in(0.0001f, 0.002f));
+			break;
 		}
 	}
 	/* Element types carry a value in every element, not only the first of a "block". */
@@ -304,7 +345,8 @@ static uint8_t *rand_weight(uint32_t type, uint32_t rows, uint32_t cols, size_t 
 }
 
 static const uint32_t mm_types[] = { KB_Q4_1, KB_Q8_0, KB_Q4_K, KB_Q6_K, KB_F16, KB_Q4_0,
-				     KB_F32, KB_BF16 };
+				     KB_F32, KB_BF16, KB_Q5_0, KB_Q5_1, KB_Q5_K, KB_Q3_K,
+				     KB_Q2_K, KB_IQ4_NL, KB_IQ4_XS };
 
 static void test_matmul(void **state)
 {
@@ -316,6 +358,10 @@ static void test_matmul(void **state)
 	for (size_t t = 0; t < sizeof(mm_types) / sizeof(mm_types[0]); t++) {
 		uint32_t type = mm_types[t];
 		size_t rb;
+		if (!cpu_decodes(type)) {
+			printf("matmul type %2u: not compared, the CPU does not decode it\n", type);
+			continue;
+		}
 		uint8_t *w = rand_weight(type, rows, cols, &rb);
 		float *wf = malloc(sizeof(float) * rows * cols), *x = malloc(sizeof(float) * 40 * cols);
 		double *ref = malloc(sizeof(double) * 40 * rows);
@@ -390,6 +436,10 @@ static void test_decoder_on_host(void **state)
 	rng_s = 5;
 	for (size_t t = 0; t < sizeof(mm_types) / sizeof(mm_types[0]); t++) {
 		size_t rb;
+		if (!cpu_decodes(mm_types[t])) {
+			printf("decoder type %2u: not compared, the CPU does not decode it\n", mm_types[t]);
+			continue;
+		}
 		uint8_t *w = rand_weight(mm_types[t], 3, cols, &rb);
 		float want[768], got[32];
 		for (uint32_t r = 0; r < 3; r++) {
@@ -411,6 +461,218 @@ static void test_decoder_on_host(void **state)
 	printf("skipped: built without nvcc, the decoder is not compiled\n");
 	skip();
 #endif
+}
+
+/* ---- the new block types on hand-made blocks (host, needs nvcc at build time only) ---- */
+
+#ifdef KVD_HAVE_CUDA
+static const int iq4_levels[16] = { -127, -104, -83, -65, -49, -35, -22, -10,
+				    1, 13, 25, 38, 53, 69, 89, 113 };
+
+/* Sub-block k of row through the kernels' decoder against want (32 values worked out by hand). */
+static void hand_check(const struct kb_cuda_api *api, uint32_t type, const uint8_t *row,
+		       uint32_t k, const float *want)
+{
+	float got[32];
+	assert_int_equal(api->host_deq32(type, row, k, got), 0);
+	for (int i = 0; i < 32; i++)
+		if (got[i] != want[i])
+			fail_msg("type %u sub-block %u element %d: decoded %g, by hand %g", type, k, i,
+				 (double)got[i], (double)want[i]);
+}
+
+/* Q5_0, Q5_1, IQ4_NL: two 32-element blocks, the hand-made one second. */
+static void hand_small(const struct kb_cuda_api *api)
+{
+	uint8_t row[2 * 24] = { 0 };
+	float want[32];
+	/* Q5_0, d 0.5; nibbles j | (15 - j) << 4; fifth bits set for elements 0..15 only. */
+	uint8_t *b = row + 22;
+	put16(b, 0x3800);
+	put16(b + 2, 0xffff);
+	put16(b + 4, 0x0000);
+	for (int j = 0; j < 16; j++)
+		b[6 + j] = (uint8_t)(j | (15 - j) << 4);
+	for (int j = 0; j < 16; j++) {
+		want[j] = 0.5f * (float)j;		/* (j | 16) - 16 */
+		want[16 + j] = 0.5f * (float)(-1 - j);	/* (15 - j) - 16 */
+	}
+	hand_check(api, KB_Q5_0, row, 1, want);
+	/* Q5_1, d 0.5, m -2; fifth bits set for elements 16..31 only. */
+	memset(row, 0, sizeof(row));
+	b = row + 24;
+	put16(b, 0x3800);
+	put16(b + 2, 0xc000);
+	put16(b + 4, 0x0000);
+	put16(b + 6, 0xffff);
+	for (int j = 0; j < 16; j++)
+		b[8 + j] = (uint8_t)(j | (15 - j) << 4);
+	for (int j = 0; j < 16; j++) {
+		want[j] = 0.5f * (float)j - 2.0f;
+		want[16 + j] = 0.5f * (float)(31 - j) - 2.0f;
+	}
+	hand_check(api, KB_Q5_1, row, 1, want);
+	/* IQ4_NL, d 0.5: the levels in order, then reversed. */
+	memset(row, 0, sizeof(row));
+	b = row + 18;
+	put16(b, 0x3800);
+	for (int j = 0; j < 16; j++)
+		b[2 + j] = (uint8_t)(j | (15 - j) << 4);
+	for (int j = 0; j < 16; j++) {
+		want[j] = 0.5f * (float)iq4_levels[j];
+		want[16 + j] = 0.5f * (float)iq4_levels[15 - j];
+	}
+	hand_check(api, KB_IQ4_NL, row, 1, want);
+}
+
+/* Quant bytes alternate 0xe4 (fields 0 1 2 3 from the low bits) and 0x1b (3 2 1 0). */
+static void fill_2bit(uint8_t *q, int n)
+{
+	for (int l = 0; l < n; l++)
+		q[l] = l % 2 ? 0x1b : 0xe4;
+}
+
+static void hand_q2_q3(const struct kb_cuda_api *api)
+{
+	uint8_t row[2 * 110] = { 0 };
+	float want[32];
+	/* Q2_K, d 1, dmin 0.5, scale byte i = i | (15 - i) << 4 (scale i, min 15 - i). */
+	uint8_t *b = row + 84;
+	for (int i = 0; i < 16; i++)
+		b[i] = (uint8_t)(i | (15 - i) << 4);
+	fill_2bit(b + 16, 64);
+	put16(b + 80, 0x3c00);
+	put16(b + 82, 0x3800);
+	/* Sub-block 5: second half, field 1; scales 10 and 11, mins 5 and 4; quants 1 (even) and 2 (odd). */
+	for (int e = 0; e < 32; e++)
+		want[e] = e < 16 ? (e % 2 ? 20.0f - 2.5f : 10.0f - 2.5f) : (e % 2 ? 22.0f - 2.0f : 11.0f - 2.0f);
+	hand_check(api, KB_Q2_K, row, 8 + 5, want);
+	/* Sub-block 0: scales 0 and 1, mins 15 and 14, quants 0 (even) and 3 (odd). */
+	for (int e = 0; e < 32; e++)
+		want[e] = e < 16 ? (e % 2 ? 0.0f - 7.5f : -7.5f) : (e % 2 ? 3.0f - 7.0f : -7.0f);
+	hand_check(api, KB_Q2_K, row, 8 + 0, want);
+
+	/* Q3_K, d 0.5; hmask 0x55 (even elements), 0xaa (odd). */
+	memset(row, 0, sizeof(row));
+	b = row + 110;
+	for (int e = 0; e < 32; e++)
+		b[e] = e % 2 ? 0xaa : 0x55;
+	fill_2bit(b + 32, 64);
+	static const uint8_t sc[12] = { 0x21, 0x43, 0x65, 0x87, 0xa9, 0xcb,
+					0xed, 0x0f, 0xe4, 0x1b, 0x00, 0xff };
+	memcpy(b + 96, sc, 12);
+	put16(b + 108, 0x3800);
+	/*
+	 * Sub-block 6 (second half, field 2, hmask bit 6): scales 12 = 0xa | 3 << 4
+	 * = 58 - 32 = 26 and 13 = 0xc | 0 << 4 = 12 - 32 = -20. Even elements: 2
+	 * with the bit set; odd: 1 without it, 1 - 4 = -3.
+	 */
+	for (int e = 0; e < 32; e++)
+		want[e] = 0.5f * (e < 16 ? 26.0f : -20.0f) * (e % 2 ? -3.0f : 2.0f);
+	hand_check(api, KB_Q3_K, row, 8 + 6, want);
+	/*
+	 * Sub-block 1 (first half, field 1, hmask bit 1): scales 2 = 5 | 0 << 4 =
+	 * -27 and 3 = 7 | 3 << 4 = 55 - 32 = 23. Even: 1 without the bit, -3;
+	 * odd: 2 with it.
+	 */
+	for (int e = 0; e < 32; e++)
+		want[e] = 0.5f * (e < 16 ? -27.0f : 23.0f) * (e % 2 ? 2.0f : -3.0f);
+	hand_check(api, KB_Q3_K, row, 8 + 1, want);
+}
+
+static void hand_q5k_iq4xs(const struct kb_cuda_api *api)
+{
+	uint8_t row[2 * 176] = { 0 };
+	float want[32];
+	/* Q5_K, d 1, dmin 0.5. */
+	uint8_t *b = row + 176;
+	put16(b, 0x3c00);
+	put16(b + 2, 0x3800);
+	static const uint8_t sc[12] = { 0x41, 0xc2, 0x03, 0x84, 0x05, 0x46,
+					0x87, 0xc8, 0x9a, 0xbc, 0xde, 0xf1 };
+	memcpy(b + 4, sc, 12);
+	for (int e = 0; e < 32; e++)	/* fifth bit: bit 2 for elements 0..15, bit 5 for 16..31 */
+		b[16 + e] = e < 16 ? 0x04 : 0x20;
+	for (int l = 0; l < 128; l++)
+		b[48 + l] = (uint8_t)(l % 16 | (15 - l % 16) << 4);
+	/* Sub-block 2: scale 0x03 = 3, min 0x87 & 63 = 7; low nibbles e % 16, fifth bit below 16. */
+	for (int e = 0; e < 32; e++)
+		want[e] = 3.0f * (float)(e % 16 + (e < 16 ? 16 : 0)) - 3.5f;
+	hand_check(api, KB_Q5_K, row, 8 + 2, want);
+	/* Sub-block 5: scale 0xc | 3 << 4 = 60, min 0xb | 1 << 4 = 27; high nibbles 15 - e % 16. */
+	for (int e = 0; e < 32; e++)
+		want[e] = 60.0f * (float)(15 - e % 16 + (e < 16 ? 0 : 16)) - 13.5f;
+	hand_check(api, KB_Q5_K, row, 8 + 5, want);
+
+	/* IQ4_XS, d 0.25; sub-block 3: 5 | 3 << 4 = 53 - 32 = 21; sub-block 4: 0xa | 2 << 4 = 42 - 32 = 10. */
+	memset(row, 0, sizeof(row));
+	b = row + 136;
+	put16(b, 0x3400);
+	put16(b + 2, 0x02c0);
+	b[4 + 1] = 0x50;
+	b[4 + 2] = 0x0a;
+	for (int l = 0; l < 128; l++)
+		b[8 + l] = (uint8_t)(l % 16 | (15 - l % 16) << 4);
+	for (int j = 0; j < 16; j++) {
+		want[j] = 0.25f * 21.0f * (float)iq4_levels[j];
+		want[16 + j] = 0.25f * 21.0f * (float)iq4_levels[15 - j];
+	}
+	hand_check(api, KB_IQ4_XS, row, 8 + 3, want);
+	for (int j = 0; j < 16; j++) {
+		want[j] = 0.25f * 10.0f * (float)iq4_levels[j];
+		want[16 + j] = 0.25f * 10.0f * (float)iq4_levels[15 - j];
+	}
+	hand_check(api, KB_IQ4_XS, row, 8 + 4, want);
+}
+#endif
+
+static void test_decoder_hand(void **state)
+{
+	(void)state;
+#ifdef KVD_HAVE_CUDA
+	char why[768];
+	const struct kb_cuda_api *api = backend_cuda_load(why, sizeof(why), NULL);
+	if (!api)
+		fail_msg("the CUDA backend's object: %s", why);
+	hand_small(api);
+	hand_q2_q3(api);
+	hand_q5k_iq4xs(api);
+#else
+	printf("skipped: built without nvcc, the decoder is not compiled\n");
+	skip();
+#endif
+}
+
+/* The decoders' alignment needs, and what the backend checks before any launch. */
+static void test_plan_weight(void **state)
+{
+	(void)state;
+	static const uint32_t a16[] = { KB_F32, KB_F16, KB_BF16 };
+	static const uint32_t a4[] = { KB_Q4_1, KB_Q5_1, KB_Q2_K, KB_Q4_K, KB_Q5_K, KB_IQ4_XS };
+	static const uint32_t a2[] = { KB_Q4_0, KB_Q5_0, KB_Q8_0, KB_Q3_K, KB_Q6_K, KB_IQ4_NL };
+	for (size_t i = 0; i < 3; i++)
+		assert_int_equal(cuda_plan_block_align(a16[i]), 16);
+	for (size_t i = 0; i < 6; i++) {
+		assert_int_equal(cuda_plan_block_align(a4[i]), 4);
+		assert_int_equal(cuda_plan_block_align(a2[i]), 2);
+	}
+	assert_int_equal(cuda_plan_block_align(99), 0);
+	/* Every alignment divides its block size, so whole rows keep every block aligned. */
+	for (size_t i = 0; i < sizeof(mm_types) / sizeof(mm_types[0]); i++) {
+		uint32_t be, bb, t = mm_types[i];
+		if (kb_type_block(t, &be, &bb)) {
+			assert_int_equal(cuda_plan_weight(t, 256, 4096, 64), -ENOTSUP);
+			continue;
+		}
+		if (t != KB_F32 && t != KB_F16 && t != KB_BF16)
+			assert_int_equal(bb % cuda_plan_block_align(t), 0);
+		size_t rb = (size_t)768 / be * bb;
+		assert_int_equal(cuda_plan_weight(t, 768, rb, 4096), 0);
+		assert_int_equal(cuda_plan_weight(t, 768, rb, 4097), -EINVAL);
+		assert_int_equal(cuda_plan_weight(t, 768, rb - 1, 4096), -EINVAL);
+	}
+	assert_int_equal(cuda_plan_weight(KB_Q4_K, 128, 72, 4096), -EINVAL);	/* half a block */
+	assert_int_equal(cuda_plan_weight(99, 64, 64, 4096), -ENOTSUP);
 }
 
 /* ---- row ops ---- */
@@ -750,6 +1012,8 @@ int main(void)
 		cmocka_unit_test(test_backend_choose),
 		cmocka_unit_test(test_backend_create),
 		cmocka_unit_test(test_decoder_on_host),
+		cmocka_unit_test(test_decoder_hand),
+		cmocka_unit_test(test_plan_weight),
 		cmocka_unit_test(test_matmul),
 		cmocka_unit_test(test_row_ops),
 		cmocka_unit_test(test_attention),

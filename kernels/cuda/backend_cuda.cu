@@ -101,10 +101,11 @@ static int cu_matmul_multi(struct backend *b, float *const *y, const struct kb_w
 		return -EINVAL;
 	const uint32_t cols = w[0]->cols;
 	for (uint32_t i = 0; i < count; i++) {
-		uint32_t blk;
-		if (kb_type_block(w[i]->type, &blk, NULL))
-			return -ENOTSUP;
-		if (w[i]->cols != cols || cols % 32 || cols % blk)
+		int rc = cuda_plan_weight(w[i]->type, w[i]->cols, w[i]->row_bytes,
+					  (uintptr_t)w[i]->data);
+		if (rc)
+			return rc;
+		if (w[i]->cols != cols)
 			return -EINVAL;
 	}
 	if (!cuda_plan_use_gemm(n, w[0]->type)) {
@@ -134,8 +135,9 @@ static int cu_matmul(struct backend *b, float *y, const struct kb_weight *w, con
 static int cu_get_rows(struct backend *b, float *out, const struct kb_weight *w,
 		       const uint32_t *ids, uint32_t n)
 {
-	if (kb_type_block(w->type, NULL, NULL))
-		return -ENOTSUP;
+	int rc = cuda_plan_weight(w->type, w->cols, w->row_bytes, (uintptr_t)w->data);
+	if (rc)
+		return rc;
 	return cuda_get_rows(CU(b)->stream, out, w->data, w->type, w->rows, w->cols, w->row_bytes,
 			     ids, n);
 }
