@@ -201,17 +201,17 @@ KB_HD void deq_q2_k(const uint8_t *row, uint32_t k, float v[32])
 	const dq2_k *b = (const dq2_k *)row + k / 8;
 	int sub = (int)(k % 8), half = sub / 4, shift = 2 * (sub % 4);
 	const uint8_t *s = b->scales + 8 * half + 2 * (sub % 4);
-	float d = h2f(b->d), dm = h2f(b->dmin);
-	float dl[2] = { d * (float)(s[0] & 0xf), d * (float)(s[1] & 0xf) };
-	float ml[2] = { dm * (float)(s[0] >> 4), dm * (float)(s[1] >> 4) };
 	const uint32_t *q = (const uint32_t *)(b->qs + 32 * half);
+	float d = h2f(b->d), dm = h2f(b->dmin);
 KB_UNROLL
-	for (int i = 0; i < 8; i++) {
-		uint32_t w = q[i];
+	for (int g = 0; g < 2; g++) {	/* two 16-element groups, one scale and min each */
+		float dl = d * (float)(s[g] & 0xf), ml = dm * (float)(s[g] >> 4);
 KB_UNROLL
-		for (int j = 0; j < 4; j++) {
-			int e = 4 * i + j;
-			v[e] = dl[e / 16] * (float)((w >> (8 * j + shift)) & 3) - ml[e / 16];
+		for (int i = 4 * g; i < 4 * g + 4; i++) {
+			uint32_t w = q[i];
+KB_UNROLL
+			for (int j = 0; j < 4; j++)
+				v[4 * i + j] = dl * (float)((w >> (8 * j + shift)) & 3) - ml;
 		}
 	}
 }
@@ -231,15 +231,18 @@ KB_HD void deq_q3_k(const uint8_t *row, uint32_t k, float v[32])
 	int sub = (int)(k % 8), half = sub / 4, shift = 2 * (sub % 4), hbit = 4 * half + sub % 4;
 	int is = 8 * half + 2 * (sub % 4);
 	float d = h2f(b->d);
-	float dl[2] = { d * (float)q3_k_scale(b->scales, is), d * (float)q3_k_scale(b->scales, is + 1) };
 KB_UNROLL
-	for (int i = 0; i < 8; i++) {
-		uint32_t w = ld_u32_a2(b->qs + 32 * half + 4 * i), h = ld_u32_a2(b->hmask + 4 * i);
+	for (int g = 0; g < 2; g++) {	/* two 16-element groups, one scale each */
+		float dl = d * (float)q3_k_scale(b->scales, is + g);
 KB_UNROLL
-		for (int j = 0; j < 4; j++) {
-			int e = 4 * i + j;
-			int q = (int)((w >> (8 * j + shift)) & 3) - (((h >> (8 * j + hbit)) & 1) ? 0 : 4);
-			v[e] = dl[e / 16] * (float)q;
+		for (int i = 4 * g; i < 4 * g + 4; i++) {
+			uint32_t w = ld_u32_a2(b->qs + 32 * half + 4 * i), h = ld_u32_a2(b->hmask + 4 * i);
+KB_UNROLL
+			for (int j = 0; j < 4; j++) {
+				int q = (int)((w >> (8 * j + shift)) & 3) -
+					(((h >> (8 * j + hbit)) & 1) ? 0 : 4);
+				v[4 * i + j] = dl * (float)q;
+			}
 		}
 	}
 }
