@@ -134,12 +134,12 @@ static void make_weight(struct kb_weight *w, uint32_t type, uint32_t rows, uint3
 		if (type == KB_F16 || type == KB_F32 || type == KB_BF16)
 			break;
 		uint16_t sc = 0x2000;
-		if (type == KB_Q6_K)
-			memcpy(p + 208, &sc, 2);
-		else
-			memcpy(p, &sc, 2);
-		if (type == KB_Q4_1 || type == KB_Q4_K)
-			memcpy(p + 2, &sc, 2);
+		/* where d sits: last in Q6_K and Q3_K, after scales and quants in Q2_K, else first */
+		size_t at = type == KB_Q6_K ? 208 : type == KB_Q3_K ? 108 : type == KB_Q2_K ? 80 : 0;
+		memcpy(p + at, &sc, 2);
+		if (type == KB_Q4_1 || type == KB_Q4_K || type == KB_Q5_1 || type == KB_Q5_K ||
+		    type == KB_Q2_K)
+			memcpy(p + at + 2, &sc, 2);	/* the min's scale */
 	}
 	if (type == KB_F16)
 		for (size_t i = 0; i < total / 2; i++)
@@ -177,7 +177,9 @@ static void bench_matmuls(void)
 {
 	static const struct { uint32_t type; const char *name; } t[] = {
 		{ KB_Q4_1, "q4_1" }, { KB_Q8_0, "q8_0" }, { KB_Q4_K, "q4_k" }, { KB_Q6_K, "q6_k" },
-		{ KB_F16, "f16" },
+		{ KB_F16, "f16" }, { KB_Q5_0, "q5_0" }, { KB_Q5_1, "q5_1" }, { KB_Q5_K, "q5_k" },
+		{ KB_Q3_K, "q3_k" }, { KB_Q2_K, "q2_k" }, { KB_IQ4_NL, "iq4_nl" },
+		{ KB_IQ4_XS, "iq4_xs" },
 	};
 	const uint32_t rows = 16384, cols = 4096;
 	struct mm_ctx m;
@@ -185,6 +187,10 @@ static void bench_matmuls(void)
 	m.y = dalloc(512 * (size_t)rows * sizeof(float));
 	for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
 		char name[64];
+		if (kb_type_block(t[i].type, NULL, NULL)) {
+			printf("| %-40s | %9s | %-17s | %-16s |\n", t[i].name, "-", "not in the type table", "");
+			continue;
+		}
 		make_weight(&m.w, t[i].type, rows, cols);
 		m.n = 1;
 		snprintf(name, sizeof(name), "mat-vec %s %ux%u, 1 row", t[i].name, rows, cols);
@@ -203,6 +209,7 @@ static void bench_matmuls(void)
 
 struct row_ctx {
 	float *x, *y, *o, *g;
+	float *ff;	/* (64,) frequency factors, 1 .. 8 like Llama 3's */
 	uint32_t *pos;
 	uint32_t n, dim;
 };
@@ -231,6 +238,36 @@ static int do_rope(void *c)
 	return G->ops->rope(G, r->x, r->pos, r->n, r->dim / 128, 128, &KB_ROPE_PLAIN(128, 500000.0f, 0));
 }
 
+static int do_rope_yarn(void *c)
+{
+	struct row_ctx *r = c;
+	struct kb_rope rp = KB_ROPE_PLAIN(128, 500000.0f, 0);
+	rp.freq_factors = r->ff;
+	rp.freq_scale = 0.25f;
+	rp.ext_factor = 1.0f;
+	rp.corr_lo = 20.0f;
+	rp.corr_hi = 45.0f;
+	return G->ops->rope(G, r->x, r->pos, r->n, r->dim / 128, 128, &rp);
+}
+
+static int do_geglu(void *c)
+{
+	struct row_ctx *r = c;
+	return G->ops->geglu(G, r->o, r->x, r->y, r->n, r->dim);
+}
+
+static int do_add_bias(void *c)
+{
+	struct row_ctx *r = c;
+	return G->ops->add_bias(G, r->x, r->g, r->n, r->dim);
+}
+
+static int do_softcap(void *c)
+{
+	struct row_ctx *r = c;
+	return G->ops->softcap(G, r->x, 30.0f, r->n, r->dim);
+}
+
 static int do_argmax(void *c)
 {
 	struct row_ctx *r = c;
@@ -250,11 +287,20 @@ static void bench_rows(void)
 	r.o = dalloc(nd * sizeof(float));
 	r.g = drand(r.dim, 5);
 	r.pos = dalloc(sizeof(pos));
+	float ff[64];
+	for (int i = 0; i < 64; i++)
+		ff[i] = 1.0f + 7.0f * (float)i / 63.0f;
+	r.ff = dalloc(sizeof(ff));
+	G->ops->upload(G, r.ff, ff, sizeof(ff));
 	G->ops->upload(G, r.pos, pos, sizeof(pos));
 	row_bw("rmsnorm 256 x 8192", time_op(do_rmsnorm, &r, 50), 2.0 * nd * 4);
 	row_bw("add + rmsnorm 256 x 8192", time_op(do_add_rmsnorm, &r, 50), 4.0 * nd * 4);
 	row_bw("swiglu 256 x 8192", time_op(do_swiglu, &r, 50), 3.0 * nd * 4);
 	row_bw("rope 256 x 64 heads x 128", time_op(do_rope, &r, 50), 2.0 * nd * 4);
+	row_bw("rope yarn + factors, same shape", time_op(do_rope_yarn, &r, 50), 2.0 * nd * 4);
+	row_bw("geglu 256 x 8192", time_op(do_geglu, &r, 50), 3.0 * nd * 4);
+	row_bw("add_bias 256 x 8192", time_op(do_add_bias, &r, 50), 2.0 * nd * 4);
+	row_bw("softcap 256 x 8192", time_op(do_softcap, &r, 50), 2.0 * nd * 4);
 	r.dim = 49152;
 	G->ops->buf_free(G, r.x);
 	r.x = drand((size_t)r.n * r.dim, 6);
@@ -265,6 +311,7 @@ static void bench_rows(void)
 	G->ops->buf_free(G, r.o);
 	G->ops->buf_free(G, r.g);
 	G->ops->buf_free(G, r.pos);
+	G->ops->buf_free(G, r.ff);
 }
 
 struct att_ctx {
@@ -374,6 +421,13 @@ static void bench_attention(void)
 	double bytes = 32.0 * 32768 * 2 * 192 * 2;
 	double s = time_op(do_attention, &a, 10);
 	row_bw("paged attention decode, 32 x 32k (tgt 60%)", s, bytes);
+	/* A 4096 window reads an eighth of the context (bytes counted: the window's). */
+	a.sh.window = 4096;
+	row_bw("  the same, window 4096", time_op(do_attention, &a, 10), bytes / 8);
+	a.sh.window = 0;
+	a.sh.softcap = 50.0f;
+	row_bw("  the same, softcap 50", time_op(do_attention, &a, 10), bytes);
+	a.sh.softcap = 0.0f;
 	att_free(&a);
 	att_setup(&a, 256, 1024, 0);
 	row_bw("paged attention decode, 256 x 1k", time_op(do_attention, &a, 20),

@@ -249,6 +249,25 @@ static uint16_t f16_in(float lo, float hi)
 	return f32_to_fp16(rng_f(lo, hi));
 }
 
+static void put16(uint8_t *p, uint16_t v)
+{
+	memcpy(p, &v, 2);
+}
+
+/*
+ * 1 when the CPU backend decodes type (the reference the device tests
+ * compare with); the new types come to the CPU on another line of work.
+ */
+static int cpu_decodes(uint32_t type)
+{
+	uint32_t be, bb;
+	if (kb_type_block(type, &be, &bb) || 256 % be)
+		return 0;
+	uint8_t blk[256 / 32 * 64] = { 0 };	/* zero scales: any 256 elements decode to 0 */
+	float out[256];
+	return 256 / be * bb <= sizeof(blk) && dequantize_row(type, blk, out, 256) == 0;
+}
+
 /* A random weight (rows, cols) of type with sane scales: random quants, small f16 scales. */
 static uint8_t *rand_weight(uint32_t type, uint32_t rows, uint32_t cols, size_t *row_bytes)
 {
@@ -291,6 +310,28 @@ static uint8_t *rand_weight(uint32_t type, uint32_t rows, uint32_t cols, size_t 
 		case KB_Q6_K:
 			((struct blk_q6_k *)p)->d = f16_in(0.0001f, 0.002f);
 			break;
+		case KB_Q5_0:
+		case KB_IQ4_NL:
+			put16(p, f16_in(0.001f, 0.02f));
+			break;
+		case KB_Q5_1:
+			put16(p, f16_in(0.001f, 0.02f));
+			put16(p + 2, f16_in(-0.1f, 0.1f));
+			break;
+		case KB_Q2_K:	/* d, dmin after 16 scale bytes and 64 of quants */
+			put16(p + 80, f16_in(0.0001f, 0.002f));
+			put16(p + 82, f16_in(0.0001f, 0.002f));
+			break;
+		case KB_Q3_K:	/* d last, after hmask, quants and scales */
+			put16(p + 108, f16_in(0.0001f, 0.002f));
+			break;
+		case KB_Q5_K:
+			put16(p, f16_in(0.0001f, 0.002f));
+			put16(p + 2, f16_in(0.0001f, 0.002f));
+			break;
+		case KB_IQ4_XS:
+			put16(p, f16_in(0.0001f, 0.002f));
+			break;
 		}
 	}
 	/* Element types carry a value in every element, not only the first of a "block". */
@@ -304,7 +345,8 @@ static uint8_t *rand_weight(uint32_t type, uint32_t rows, uint32_t cols, size_t 
 }
 
 static const uint32_t mm_types[] = { KB_Q4_1, KB_Q8_0, KB_Q4_K, KB_Q6_K, KB_F16, KB_Q4_0,
-				     KB_F32, KB_BF16 };
+				     KB_F32, KB_BF16, KB_Q5_0, KB_Q5_1, KB_Q5_K, KB_Q3_K,
+				     KB_Q2_K, KB_IQ4_NL, KB_IQ4_XS };
 
 static void test_matmul(void **state)
 {
@@ -316,6 +358,10 @@ static void test_matmul(void **state)
 	for (size_t t = 0; t < sizeof(mm_types) / sizeof(mm_types[0]); t++) {
 		uint32_t type = mm_types[t];
 		size_t rb;
+		if (!cpu_decodes(type)) {
+			printf("matmul type %2u: not compared, the CPU does not decode it\n", type);
+			continue;
+		}
 		uint8_t *w = rand_weight(type, rows, cols, &rb);
 		float *wf = malloc(sizeof(float) * rows * cols), *x = malloc(sizeof(float) * 40 * cols);
 		double *ref = malloc(sizeof(double) * 40 * rows);
@@ -390,6 +436,10 @@ static void test_decoder_on_host(void **state)
 	rng_s = 5;
 	for (size_t t = 0; t < sizeof(mm_types) / sizeof(mm_types[0]); t++) {
 		size_t rb;
+		if (!cpu_decodes(mm_types[t])) {
+			printf("decoder type %2u: not compared, the CPU does not decode it\n", mm_types[t]);
+			continue;
+		}
 		uint8_t *w = rand_weight(mm_types[t], 3, cols, &rb);
 		float want[768], got[32];
 		for (uint32_t r = 0; r < 3; r++) {
@@ -411,6 +461,218 @@ static void test_decoder_on_host(void **state)
 	printf("skipped: built without nvcc, the decoder is not compiled\n");
 	skip();
 #endif
+}
+
+/* ---- the new block types on hand-made blocks (host, needs nvcc at build time only) ---- */
+
+#ifdef KVD_HAVE_CUDA
+static const int iq4_levels[16] = { -127, -104, -83, -65, -49, -35, -22, -10,
+				    1, 13, 25, 38, 53, 69, 89, 113 };
+
+/* Sub-block k of row through the kernels' decoder against want (32 values worked out by hand). */
+static void hand_check(const struct kb_cuda_api *api, uint32_t type, const uint8_t *row,
+		       uint32_t k, const float *want)
+{
+	float got[32];
+	assert_int_equal(api->host_deq32(type, row, k, got), 0);
+	for (int i = 0; i < 32; i++)
+		if (got[i] != want[i])
+			fail_msg("type %u sub-block %u element %d: decoded %g, by hand %g", type, k, i,
+				 (double)got[i], (double)want[i]);
+}
+
+/* Q5_0, Q5_1, IQ4_NL: two 32-element blocks, the hand-made one second. */
+static void hand_small(const struct kb_cuda_api *api)
+{
+	uint8_t row[2 * 24] = { 0 };
+	float want[32];
+	/* Q5_0, d 0.5; nibbles j | (15 - j) << 4; fifth bits set for elements 0..15 only. */
+	uint8_t *b = row + 22;
+	put16(b, 0x3800);
+	put16(b + 2, 0xffff);
+	put16(b + 4, 0x0000);
+	for (int j = 0; j < 16; j++)
+		b[6 + j] = (uint8_t)(j | (15 - j) << 4);
+	for (int j = 0; j < 16; j++) {
+		want[j] = 0.5f * (float)j;		/* (j | 16) - 16 */
+		want[16 + j] = 0.5f * (float)(-1 - j);	/* (15 - j) - 16 */
+	}
+	hand_check(api, KB_Q5_0, row, 1, want);
+	/* Q5_1, d 0.5, m -2; fifth bits set for elements 16..31 only. */
+	memset(row, 0, sizeof(row));
+	b = row + 24;
+	put16(b, 0x3800);
+	put16(b + 2, 0xc000);
+	put16(b + 4, 0x0000);
+	put16(b + 6, 0xffff);
+	for (int j = 0; j < 16; j++)
+		b[8 + j] = (uint8_t)(j | (15 - j) << 4);
+	for (int j = 0; j < 16; j++) {
+		want[j] = 0.5f * (float)j - 2.0f;
+		want[16 + j] = 0.5f * (float)(31 - j) - 2.0f;
+	}
+	hand_check(api, KB_Q5_1, row, 1, want);
+	/* IQ4_NL, d 0.5: the levels in order, then reversed. */
+	memset(row, 0, sizeof(row));
+	b = row + 18;
+	put16(b, 0x3800);
+	for (int j = 0; j < 16; j++)
+		b[2 + j] = (uint8_t)(j | (15 - j) << 4);
+	for (int j = 0; j < 16; j++) {
+		want[j] = 0.5f * (float)iq4_levels[j];
+		want[16 + j] = 0.5f * (float)iq4_levels[15 - j];
+	}
+	hand_check(api, KB_IQ4_NL, row, 1, want);
+}
+
+/* Quant bytes alternate 0xe4 (fields 0 1 2 3 from the low bits) and 0x1b (3 2 1 0). */
+static void fill_2bit(uint8_t *q, int n)
+{
+	for (int l = 0; l < n; l++)
+		q[l] = l % 2 ? 0x1b : 0xe4;
+}
+
+static void hand_q2_q3(const struct kb_cuda_api *api)
+{
+	uint8_t row[2 * 110] = { 0 };
+	float want[32];
+	/* Q2_K, d 1, dmin 0.5, scale byte i = i | (15 - i) << 4 (scale i, min 15 - i). */
+	uint8_t *b = row + 84;
+	for (int i = 0; i < 16; i++)
+		b[i] = (uint8_t)(i | (15 - i) << 4);
+	fill_2bit(b + 16, 64);
+	put16(b + 80, 0x3c00);
+	put16(b + 82, 0x3800);
+	/* Sub-block 5: second half, field 1; scales 10 and 11, mins 5 and 4; quants 1 (even) and 2 (odd). */
+	for (int e = 0; e < 32; e++)
+		want[e] = e < 16 ? (e % 2 ? 20.0f - 2.5f : 10.0f - 2.5f) : (e % 2 ? 22.0f - 2.0f : 11.0f - 2.0f);
+	hand_check(api, KB_Q2_K, row, 8 + 5, want);
+	/* Sub-block 0: scales 0 and 1, mins 15 and 14, quants 0 (even) and 3 (odd). */
+	for (int e = 0; e < 32; e++)
+		want[e] = e < 16 ? (e % 2 ? 0.0f - 7.5f : -7.5f) : (e % 2 ? 3.0f - 7.0f : -7.0f);
+	hand_check(api, KB_Q2_K, row, 8 + 0, want);
+
+	/* Q3_K, d 0.5; hmask 0x55 (even elements), 0xaa (odd). */
+	memset(row, 0, sizeof(row));
+	b = row + 110;
+	for (int e = 0; e < 32; e++)
+		b[e] = e % 2 ? 0xaa : 0x55;
+	fill_2bit(b + 32, 64);
+	static const uint8_t sc[12] = { 0x21, 0x43, 0x65, 0x87, 0xa9, 0xcb,
+					0xed, 0x0f, 0xe4, 0x1b, 0x00, 0xff };
+	memcpy(b + 96, sc, 12);
+	put16(b + 108, 0x3800);
+	/*
+	 * Sub-block 6 (second half, field 2, hmask bit 6): scales 12 = 0xa | 3 << 4
+	 * = 58 - 32 = 26 and 13 = 0xc | 0 << 4 = 12 - 32 = -20. Even elements: 2
+	 * with the bit set; odd: 1 without it, 1 - 4 = -3.
+	 */
+	for (int e = 0; e < 32; e++)
+		want[e] = 0.5f * (e < 16 ? 26.0f : -20.0f) * (e % 2 ? -3.0f : 2.0f);
+	hand_check(api, KB_Q3_K, row, 8 + 6, want);
+	/*
+	 * Sub-block 1 (first half, field 1, hmask bit 1): scales 2 = 5 | 0 << 4 =
+	 * -27 and 3 = 7 | 3 << 4 = 55 - 32 = 23. Even: 1 without the bit, -3;
+	 * odd: 2 with it.
+	 */
+	for (int e = 0; e < 32; e++)
+		want[e] = 0.5f * (e < 16 ? -27.0f : 23.0f) * (e % 2 ? 2.0f : -3.0f);
+	hand_check(api, KB_Q3_K, row, 8 + 1, want);
+}
+
+static void hand_q5k_iq4xs(const struct kb_cuda_api *api)
+{
+	uint8_t row[2 * 176] = { 0 };
+	float want[32];
+	/* Q5_K, d 1, dmin 0.5. */
+	uint8_t *b = row + 176;
+	put16(b, 0x3c00);
+	put16(b + 2, 0x3800);
+	static const uint8_t sc[12] = { 0x41, 0xc2, 0x03, 0x84, 0x05, 0x46,
+					0x87, 0xc8, 0x9a, 0xbc, 0xde, 0xf1 };
+	memcpy(b + 4, sc, 12);
+	for (int e = 0; e < 32; e++)	/* fifth bit: bit 2 for elements 0..15, bit 5 for 16..31 */
+		b[16 + e] = e < 16 ? 0x04 : 0x20;
+	for (int l = 0; l < 128; l++)
+		b[48 + l] = (uint8_t)(l % 16 | (15 - l % 16) << 4);
+	/* Sub-block 2: scale 0x03 = 3, min 0x87 & 63 = 7; low nibbles e % 16, fifth bit below 16. */
+	for (int e = 0; e < 32; e++)
+		want[e] = 3.0f * (float)(e % 16 + (e < 16 ? 16 : 0)) - 3.5f;
+	hand_check(api, KB_Q5_K, row, 8 + 2, want);
+	/* Sub-block 5: scale 0xc | 3 << 4 = 60, min 0xb | 1 << 4 = 27; high nibbles 15 - e % 16. */
+	for (int e = 0; e < 32; e++)
+		want[e] = 60.0f * (float)(15 - e % 16 + (e < 16 ? 0 : 16)) - 13.5f;
+	hand_check(api, KB_Q5_K, row, 8 + 5, want);
+
+	/* IQ4_XS, d 0.25; sub-block 3: 5 | 3 << 4 = 53 - 32 = 21; sub-block 4: 0xa | 2 << 4 = 42 - 32 = 10. */
+	memset(row, 0, sizeof(row));
+	b = row + 136;
+	put16(b, 0x3400);
+	put16(b + 2, 0x02c0);
+	b[4 + 1] = 0x50;
+	b[4 + 2] = 0x0a;
+	for (int l = 0; l < 128; l++)
+		b[8 + l] = (uint8_t)(l % 16 | (15 - l % 16) << 4);
+	for (int j = 0; j < 16; j++) {
+		want[j] = 0.25f * 21.0f * (float)iq4_levels[j];
+		want[16 + j] = 0.25f * 21.0f * (float)iq4_levels[15 - j];
+	}
+	hand_check(api, KB_IQ4_XS, row, 8 + 3, want);
+	for (int j = 0; j < 16; j++) {
+		want[j] = 0.25f * 10.0f * (float)iq4_levels[j];
+		want[16 + j] = 0.25f * 10.0f * (float)iq4_levels[15 - j];
+	}
+	hand_check(api, KB_IQ4_XS, row, 8 + 4, want);
+}
+#endif
+
+static void test_decoder_hand(void **state)
+{
+	(void)state;
+#ifdef KVD_HAVE_CUDA
+	char why[768];
+	const struct kb_cuda_api *api = backend_cuda_load(why, sizeof(why), NULL);
+	if (!api)
+		fail_msg("the CUDA backend's object: %s", why);
+	hand_small(api);
+	hand_q2_q3(api);
+	hand_q5k_iq4xs(api);
+#else
+	printf("skipped: built without nvcc, the decoder is not compiled\n");
+	skip();
+#endif
+}
+
+/* The decoders' alignment needs, and what the backend checks before any launch. */
+static void test_plan_weight(void **state)
+{
+	(void)state;
+	static const uint32_t a16[] = { KB_F32, KB_F16, KB_BF16 };
+	static const uint32_t a4[] = { KB_Q4_1, KB_Q5_1, KB_Q2_K, KB_Q4_K, KB_Q5_K, KB_IQ4_XS };
+	static const uint32_t a2[] = { KB_Q4_0, KB_Q5_0, KB_Q8_0, KB_Q3_K, KB_Q6_K, KB_IQ4_NL };
+	for (size_t i = 0; i < 3; i++)
+		assert_int_equal(cuda_plan_block_align(a16[i]), 16);
+	for (size_t i = 0; i < 6; i++) {
+		assert_int_equal(cuda_plan_block_align(a4[i]), 4);
+		assert_int_equal(cuda_plan_block_align(a2[i]), 2);
+	}
+	assert_int_equal(cuda_plan_block_align(99), 0);
+	/* Every alignment divides its block size, so whole rows keep every block aligned. */
+	for (size_t i = 0; i < sizeof(mm_types) / sizeof(mm_types[0]); i++) {
+		uint32_t be, bb, t = mm_types[i];
+		if (kb_type_block(t, &be, &bb)) {
+			assert_int_equal(cuda_plan_weight(t, 256, 4096, 64), -ENOTSUP);
+			continue;
+		}
+		if (t != KB_F32 && t != KB_F16 && t != KB_BF16)
+			assert_int_equal(bb % cuda_plan_block_align(t), 0);
+		size_t rb = (size_t)768 / be * bb;
+		assert_int_equal(cuda_plan_weight(t, 768, rb, 4096), 0);
+		assert_int_equal(cuda_plan_weight(t, 768, rb, 4097), -EINVAL);
+		assert_int_equal(cuda_plan_weight(t, 768, rb - 1, 4096), -EINVAL);
+	}
+	assert_int_equal(cuda_plan_weight(KB_Q4_K, 128, 72, 4096), -EINVAL);	/* half a block */
+	assert_int_equal(cuda_plan_weight(99, 64, 64, 4096), -ENOTSUP);
 }
 
 /* ---- row ops ---- */
@@ -510,11 +772,291 @@ static void test_row_ops(void **state)
 	free(o);
 }
 
+/* ---- the optional ops (Qwen2's biases, Gemma's scale, soft-cap and GeGLU) ---- */
+
+/* GELU as ggml's CPU has it for f32 (GGML_GELU_FP16): through f16, from the table's formula. */
+static float gelu_ggml_host(float x)
+{
+	if (x <= -10.0f)
+		return 0.0f;
+	if (x >= 10.0f)
+		return x;
+	float h = fp16_round(x);
+	float g = 0.5f * h * (1.0f + tanhf(0.79788456080286535587989211986876f * h *
+					   (1.0f + 0.044715f * h * h)));
+	return fp16_round(g);
+}
+
+/* got against the test's own values and, where the CPU has the op, the CPU's. */
+static void check_op(const char *what, const float *got, const float *want, const float *cpu,
+		     size_t n, double tol)
+{
+	double e = rel_err_f(got, want, n);
+	printf("%s: rel err %.3g against the definition", what, e);
+	if (cpu)
+		printf(", %.3g against the CPU", rel_err_f(got, cpu, n));
+	printf("\n");
+	if (!(e <= tol))
+		fail_msg("%s: relative error %g over %g", what, e, tol);
+	if (cpu && !(rel_err_f(got, cpu, n) <= tol))
+		fail_msg("%s: relative error %g against the CPU, over %g", what,
+			 rel_err_f(got, cpu, n), tol);
+}
+
+/* The CPU's result of an optional op into cpu, or NULL when it does not have the op yet. */
+#define CPU_OP(op, cpu, x0, n, ...)                                                   \
+	(CPU->ops->op && (memcpy(cpu, x0, (n) * 4), CPU->ops->op(CPU, __VA_ARGS__) == 0) \
+		 ? cpu : NULL)
+
+static void test_new_ops(void **state)
+{
+	(void)state;
+	need_gpu();
+	if (simulated && !GPU->ops->geglu) {
+		printf("skipped: the simulation's CPU lacks the optional ops yet\n");
+		skip();
+	}
+	assert_non_null(GPU->ops->add_bias);
+	assert_non_null(GPU->ops->scale);
+	assert_non_null(GPU->ops->softcap);
+	assert_non_null(GPU->ops->geglu);
+	const uint32_t n = 5, dim = 576;
+	const size_t nd = (size_t)n * dim;
+	rng_s = 29;
+	float *x = malloc(nd * 4), *u = malloc(nd * 4), *bias = malloc(dim * 4);
+	float *want = malloc(nd * 4), *cpu = malloc(nd * 4);
+	assert_true(x && u && bias && want && cpu);
+	for (size_t i = 0; i < nd; i++) {
+		x[i] = rng_f(-12.0f, 12.0f);	/* past GELU's +-10 clamps on both sides */
+		u[i] = rng_f(-2.0f, 2.0f);
+	}
+	for (uint32_t i = 0; i < dim; i++)
+		bias[i] = rng_f(-1.0f, 1.0f);
+	float *dx = dev_from(x, nd * 4), *du = dev_from(u, nd * 4), *db = dev_from(bias, dim * 4);
+
+	/* add_bias: one f32 add each, exact */
+	for (size_t i = 0; i < nd; i++)
+		want[i] = x[i] + bias[i % dim];
+	assert_int_equal(GPU->ops->add_bias(GPU, dx, db, n, dim), 0);
+	float *got = host_from(dx, nd);
+	check_op("add_bias", got, want, CPU_OP(add_bias, cpu, x, nd, cpu, bias, n, dim), nd, 0.0);
+	free(got);
+
+	/* scale: one f32 multiply each, exact */
+	GPU->ops->upload(GPU, dx, x, nd * 4);
+	for (size_t i = 0; i < nd; i++)
+		want[i] = x[i] * 4.8989794f;
+	assert_int_equal(GPU->ops->scale(GPU, dx, 4.8989794f, n, dim), 0);
+	got = host_from(dx, nd);
+	check_op("scale", got, want, CPU_OP(scale, cpu, x, nd, cpu, 4.8989794f, n, dim), nd, 0.0);
+	free(got);
+
+	/* softcap at 30 (Gemma 2's final logits): x * (1/30), tanh, * 30 */
+	GPU->ops->upload(GPU, dx, x, nd * 4);
+	for (size_t i = 0; i < nd; i++)
+		want[i] = (float)(30.0 * tanh((double)(x[i] * (1.0f / 30.0f))));
+	assert_int_equal(GPU->ops->softcap(GPU, dx, 30.0f, n, dim), 0);
+	got = host_from(dx, nd);
+	check_op("softcap", got, want, CPU_OP(softcap, cpu, x, nd, cpu, 30.0f, n, dim), nd, 1e-6);
+	free(got);
+
+	/* geglu, out aliasing gate; an f16 rounding a tanhf ulp flips moves one element by 2^-11 */
+	GPU->ops->upload(GPU, dx, x, nd * 4);
+	for (size_t i = 0; i < nd; i++)
+		want[i] = gelu_ggml_host(x[i]) * u[i];
+	assert_int_equal(GPU->ops->geglu(GPU, dx, dx, du, n, dim), 0);
+	got = host_from(dx, nd);
+	check_op("geglu", got, want, CPU_OP(geglu, cpu, x, nd, cpu, cpu, u, n, dim), nd, 1e-4);
+	free(got);
+
+	GPU->ops->buf_free(GPU, dx);
+	GPU->ops->buf_free(GPU, du);
+	GPU->ops->buf_free(GPU, db);
+	free(x);
+	free(u);
+	free(bias);
+	free(want);
+	free(cpu);
+}
+
+/* ---- rope with every parameter ---- */
+
+/* x (n, nh, hd) rotated by the definition in backend.h: f32 angles as ggml walks them, f64 trig. */
+static void rope_def(float *x, const uint32_t *pos, uint32_t n, uint32_t nh, uint32_t hd,
+		     const struct kb_rope *rp)
+{
+	uint32_t half = rp->rot_dim / 2;
+	float step = powf(rp->theta, -2.0f / (float)rp->rot_dim);
+	double ms = rp->attn_factor;
+	if (rp->ext_factor != 0.0f)
+		ms *= 1.0 + 0.1 * log(1.0 / rp->freq_scale);
+	for (uint32_t r = 0; r < n; r++) {
+		float a = (float)pos[r];
+		for (uint32_t i = 0; i < half; i++, a *= step) {
+			float te = rp->h_freq_factors ? a / rp->h_freq_factors[i] : a;
+			float t = rp->freq_scale * te;
+			if (rp->ext_factor != 0.0f) {
+				float y = ((float)i - rp->corr_lo) / fmaxf(0.001f, rp->corr_hi - rp->corr_lo);
+				float mix = (1.0f - fminf(1.0f, fmaxf(0.0f, y))) * rp->ext_factor;
+				t = t * (1.0f - mix) + te * mix;
+			}
+			double c = cos((double)t) * ms, s = sin((double)t) * ms;
+			for (uint32_t h = 0; h < nh; h++) {
+				float *v = x + ((size_t)r * nh + h) * hd;
+				uint32_t ia = rp->neox ? i : 2 * i, ib = rp->neox ? i + half : 2 * i + 1;
+				double x0 = v[ia], x1 = v[ib];
+				v[ia] = (float)(x0 * c - x1 * s);
+				v[ib] = (float)(x0 * s + x1 * c);
+			}
+		}
+	}
+}
+
+static void test_rope_params(void **state)
+{
+	(void)state;
+	need_gpu();
+	const uint32_t n = 7, nh = 8, hd = 128, nx = n * nh * hd;
+	rng_s = 31;
+	float ff[64];
+	for (int i = 0; i < 64; i++)	/* Llama 3's factors run from 1 to 8 */
+		ff[i] = i < 20 ? 1.0f : i < 40 ? rng_f(1.0f, 8.0f) : 8.0f;
+	float *dff = dev_from(ff, sizeof(ff));
+	uint32_t pos[7] = { 0, 1, 17, 1000, 4095, 8191, 31999 };
+	uint32_t *dpos = dev_from(pos, sizeof(pos));
+	struct {
+		const char *name;
+		struct kb_rope r;
+	} cases[] = {
+		{ "plain, rot 64 of 128", KB_ROPE_PLAIN(64, 10000.0f, 0) },
+		{ "freq factors", KB_ROPE_PLAIN(128, 500000.0f, 0) },
+		{ "linear 1/4", KB_ROPE_PLAIN(128, 10000.0f, 1) },
+		{ "yarn 1/4", KB_ROPE_PLAIN(128, 1000000.0f, 1) },
+		{ "attn_factor", KB_ROPE_PLAIN(128, 10000.0f, 0) },
+	};
+	cases[1].r.freq_factors = dff;
+	cases[1].r.h_freq_factors = ff;
+	cases[2].r.freq_scale = 0.25f;
+	cases[3].r.freq_scale = 0.25f;
+	cases[3].r.ext_factor = 1.0f;
+	cases[3].r.corr_lo = 20.3f;
+	cases[3].r.corr_hi = 45.7f;
+	cases[4].r.attn_factor = 0.7f;
+	float *x = malloc(nx * 4), *want = malloc(nx * 4), *cpu = malloc(nx * 4);
+	assert_true(x && want && cpu);
+	float *dx = dev_poisoned(nx);
+	for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+		for (int neox = 0; neox < 2; neox++) {
+			struct kb_rope rp = cases[c].r;
+			rp.neox = neox;
+			for (uint32_t i = 0; i < nx; i++)
+				x[i] = rng_f(-2.0f, 2.0f);
+			memcpy(want, x, nx * 4);
+			memcpy(cpu, x, nx * 4);
+			rope_def(want, pos, n, nh, hd, &rp);
+			GPU->ops->upload(GPU, dx, x, nx * 4);
+			int grc = GPU->ops->rope(GPU, dx, dpos, n, nh, hd, &rp);
+			if (simulated && grc == -ENOTSUP) {
+				printf("rope %s: the simulation's CPU lacks it yet\n", cases[c].name);
+				continue;
+			}
+			assert_int_equal(grc, 0);
+			struct kb_rope rc = rp;
+			rc.freq_factors = rp.h_freq_factors;	/* the CPU's buffers are host memory */
+			int crc = CPU->ops->rope(CPU, cpu, pos, n, nh, hd, &rc);
+			float *got = host_from(dx, nx);
+			char what[64];
+			snprintf(what, sizeof(what), "rope %s, neox %d", cases[c].name, neox);
+			/* f32 angles up to 32k: sin/cos of the same angle differ by ulps of it */
+			check_op(what, got, want, crc == 0 ? cpu : NULL, nx, 1e-5);
+			free(got);
+		}
+	}
+	GPU->ops->buf_free(GPU, dx);
+	GPU->ops->buf_free(GPU, dff);
+	GPU->ops->buf_free(GPU, dpos);
+	free(x);
+	free(want);
+	free(cpu);
+}
+
 /* ---- paged K/V and attention ---- */
 
 #define AT_SEQS 6
 #define AT_BT 16
 #define AT_KVH 3
+
+/* Head slice e0 .. e0 + hd - 1 of a cached row as floats (f32, f16 or q8_0 rows). */
+static void kv_slice(uint32_t type, const uint8_t *row, uint32_t e0, uint32_t hd, float *out)
+{
+	size_t off = type == KB_F32 ? (size_t)e0 * 4 : type == KB_F16 ? (size_t)e0 * 2 : (size_t)e0 / 32 * 34;
+	assert_int_equal(dequantize_row(type, row + off, out, hd), 0);
+}
+
+/*
+ * Attention by the definition in backend.h, in f64: row r sees positions
+ * p - window < t <= p, score s = q.k * scale, then softcap * tanh(s / softcap).
+ * Q is rounded to f16 for an f16 cache as the CPU does; the softmax weights
+ * are not, which the f16 tolerance covers.
+ */
+static void attn_def(float *out, const float *q, const struct kb_kv_rows *kv, uint32_t n,
+		     const struct kb_attn_shape *sh)
+{
+	const uint32_t hd = sh->head_dim, g = sh->n_heads / sh->n_kv_heads;
+	float *kr = malloc(hd * 4), *vr = malloc(hd * 4);
+	double *acc = malloc(hd * 8), *sc = malloc(((size_t)kv->h_pos[0] + 4096) * 8);
+	assert_true(kr && vr && acc && sc);
+	for (uint32_t r = 0; r < n; r++) {
+		uint32_t p = kv->h_pos[r], lo = sh->window && p >= sh->window ? p - sh->window + 1 : 0;
+		struct kb_kv_view v = kv->geo;
+		v.blocks = kv->tables + kv->h_tab_off[r];
+		v.n_blocks = kv->h_tab_len[r];
+		sc = realloc(sc, ((size_t)p + 1) * 8);
+		assert_non_null(sc);
+		for (uint32_t h = 0; h < sh->n_heads; h++) {
+			const float *qh = q + ((size_t)r * sh->n_heads + h) * hd;
+			uint32_t e0 = (h / g) * hd;
+			double mx = -INFINITY, l = 0.0;
+			for (uint32_t t = lo; t <= p; t++) {
+				kv_slice(v.type, kb_kv_row(&v, 0, t), e0, hd, kr);
+				double s = 0.0;
+				for (uint32_t d = 0; d < hd; d++)
+					s += (double)(v.type == KB_F16 ? fp16_round(qh[d]) : qh[d]) * kr[d];
+				s *= sh->scale;
+				if (sh->softcap != 0.0f)
+					s = sh->softcap * tanh(s / sh->softcap);
+				sc[t] = s;
+				mx = s > mx ? s : mx;
+			}
+			memset(acc, 0, hd * 8);
+			for (uint32_t t = lo; t <= p; t++) {
+				double w = exp(sc[t] - mx);
+				l += w;
+				kv_slice(v.type, kb_kv_row(&v, 1, t), e0, hd, vr);
+				for (uint32_t d = 0; d < hd; d++)
+					acc[d] += w * vr[d];
+			}
+			for (uint32_t d = 0; d < hd; d++)
+				out[((size_t)r * sh->n_heads + h) * hd + d] = (float)(acc[d] / l);
+		}
+	}
+	free(kr);
+	free(vr);
+	free(acc);
+	free(sc);
+}
+
+static void attention_compare(const float *got, const float *want, size_t n, uint32_t type,
+			      uint32_t group, uint32_t hd, float softcap, uint32_t window)
+{
+	double e = rel_err_f(got, want, n);
+	double tol = type == KB_F32 ? 1e-3 : 1e-2;
+	printf("attention cache type %u group %u head_dim %u softcap %g window %u: rel err %.3g\n",
+	       type, group, hd, (double)softcap, window, e);
+	if (!(e <= tol))
+		fail_msg("attention type %u group %u hd %u softcap %g window %u: relative error %g over %g",
+			 type, group, hd, (double)softcap, window, e, tol);
+}
 
 /*
  * AT_SEQS sequences with scattered block tables in one pool; K/V of every
@@ -522,7 +1064,8 @@ static void test_row_ops(void **state)
  * be identical), then attention for decode rows (each sequence's last
  * position) and a 40-row prefill run of the longest.
  */
-static void attention_case(uint32_t type, uint32_t group, uint32_t hd)
+static void attention_case(uint32_t type, uint32_t group, uint32_t hd, float softcap,
+			   uint32_t window)
 {
 	const uint32_t kv_dim = AT_KVH * hd, nh = AT_KVH * group, qd = nh * hd;
 	const uint32_t lens[AT_SEQS] = { 1, 17, 300, 1000, 64, 2500 };
@@ -642,22 +1185,42 @@ static void attention_case(uint32_t type, uint32_t group, uint32_t hd)
 		q[i] = rng_f(-2.0f, 2.0f);
 	float *dqx = dev_from(q, (size_t)qn * qd * 4), *dout = dev_poisoned((size_t)qn * qd);
 	const struct kb_attn_shape sh = { .n_heads = nh, .n_kv_heads = AT_KVH, .head_dim = hd,
-					  .scale = 1.0f / sqrtf((float)hd) };
-	assert_int_equal(CPU->ops->attention_rows(CPU, want, q, &hq, qpos, qn, &sh), 0);
-	assert_int_equal(GPU->ops->attention_rows(GPU, dout, dqx, &dq, dqpos, qn, &sh), 0);
-	float *got = host_from(dout, (size_t)qn * qd);
-	double e = rel_err_f(got, want, (size_t)qn * qd);
-	double tol = type == KB_F32 ? 1e-3 : 1e-2;
-	printf("attention cache type %u group %u head_dim %u: rel err %.3g\n", type, group, hd, e);
-	if (!(e <= tol))
-		fail_msg("attention type %u group %u hd %u: relative error %g over %g", type, group,
-			 hd, e, tol);
-	/* A position past a row's table is refused before any launch. */
-	uint32_t saved = qpos[0];
-	qpos[0] = qlen[0] * AT_BT;
-	GPU->ops->upload(GPU, dqpos, qpos, sizeof(qpos));
-	assert_int_equal(GPU->ops->attention_rows(GPU, dout, dqx, &dq, dqpos, qn, &sh), -ERANGE);
-	qpos[0] = saved;
+					  .scale = 1.0f / sqrtf((float)hd), .softcap = softcap,
+					  .window = window };
+	int crc = CPU->ops->attention_rows(CPU, want, q, &hq, qpos, qn, &sh);
+	if (crc == -ENOTSUP && (softcap != 0.0f || window)) {
+		printf("(the CPU lacks soft-cap or window yet: against the definition)\n");
+		attn_def(want, q, &hq, qn, &sh);
+	} else {
+		assert_int_equal(crc, 0);
+	}
+	if (type == KB_F32 && softcap == 0.0f && !window) {
+		/* The definition the soft-cap and window cases may fall back on, checked on the CPU. */
+		float *def = malloc((size_t)qn * qd * 4);
+		assert_non_null(def);
+		attn_def(def, q, &hq, qn, &sh);
+		double de = rel_err_f(def, want, (size_t)qn * qd);
+		printf("attention by the definition against the CPU: rel err %.3g\n", de);
+		assert_true(de <= 1e-5);
+		free(def);
+	}
+	float *got = NULL;
+	int grc = GPU->ops->attention_rows(GPU, dout, dqx, &dq, dqpos, qn, &sh);
+	if (simulated && grc == -ENOTSUP) {
+		printf("attention softcap %g window %u: the simulation's CPU lacks it yet\n",
+		       (double)softcap, window);
+	} else {
+		assert_int_equal(grc, 0);
+		got = host_from(dout, (size_t)qn * qd);
+		attention_compare(got, want, (size_t)qn * qd, type, group, hd, softcap, window);
+		/* A position past a row's table is refused before any launch. */
+		uint32_t saved = qpos[0];
+		qpos[0] = qlen[0] * AT_BT;
+		GPU->ops->upload(GPU, dqpos, qpos, sizeof(qpos));
+		assert_int_equal(GPU->ops->attention_rows(GPU, dout, dqx, &dq, dqpos, qn, &sh),
+				 -ERANGE);
+		qpos[0] = saved;
+	}
 
 	void *bufs[] = { dpool, (void *)dk.tables, (void *)dk.tab_off, (void *)dk.tab_len,
 			 (void *)dk.tiles, dpos, dkx, dvx, (void *)dq.tab_off, (void *)dq.tab_len,
@@ -684,12 +1247,32 @@ static void test_attention(void **state)
 	(void)state;
 	need_gpu();
 	rng_s = 37;
-	attention_case(KB_F16, 3, 64);
-	attention_case(KB_F32, 3, 64);
-	attention_case(KB_Q8_0, 3, 64);
-	attention_case(KB_F16, 4, 128);
-	attention_case(KB_F16, 1, 256);
-	attention_case(KB_F32, 8, 96);
+	attention_case(KB_F16, 3, 64, 0.0f, 0);
+	attention_case(KB_F32, 3, 64, 0.0f, 0);
+	attention_case(KB_Q8_0, 3, 64, 0.0f, 0);
+	attention_case(KB_F16, 4, 128, 0.0f, 0);
+	attention_case(KB_F16, 1, 256, 0.0f, 0);
+	attention_case(KB_F32, 8, 96, 0.0f, 0);
+}
+
+/*
+ * Gemma 2's soft-cap (50 on scores scaled to about +-1 would never bite, so
+ * a cap of 0.5) and sliding windows shorter than, equal to and longer than
+ * a K/V tile, on decode and prefill rows; the longest sequence (2500) runs
+ * far past every window.
+ */
+static void test_attention_cap_window(void **state)
+{
+	(void)state;
+	need_gpu();
+	rng_s = 41;
+	attention_case(KB_F32, 3, 64, 0.5f, 0);
+	attention_case(KB_F16, 4, 128, 0.5f, 0);
+	attention_case(KB_F32, 3, 64, 0.0f, 1);
+	attention_case(KB_F32, 3, 64, 0.0f, 32);
+	attention_case(KB_F16, 3, 64, 0.0f, 100);
+	attention_case(KB_Q8_0, 8, 96, 0.0f, 4096);
+	attention_case(KB_F16, 2, 256, 0.5f, 1000);
 }
 
 /* Failures come back as errors and leave the backend usable. */
@@ -750,9 +1333,14 @@ int main(void)
 		cmocka_unit_test(test_backend_choose),
 		cmocka_unit_test(test_backend_create),
 		cmocka_unit_test(test_decoder_on_host),
+		cmocka_unit_test(test_decoder_hand),
+		cmocka_unit_test(test_plan_weight),
 		cmocka_unit_test(test_matmul),
 		cmocka_unit_test(test_row_ops),
+		cmocka_unit_test(test_new_ops),
+		cmocka_unit_test(test_rope_params),
 		cmocka_unit_test(test_attention),
+		cmocka_unit_test(test_attention_cap_window),
 		cmocka_unit_test(test_errors),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);

@@ -46,7 +46,8 @@ __global__ void __launch_bounds__(32 * CUDA_ATT_WARPS)
 attn_partial_kernel(const float *__restrict__ q, att_geo g, const uint32_t *__restrict__ tables,
 		    const uint32_t *__restrict__ tab_off, const uint32_t *__restrict__ pos,
 		    const uint32_t *__restrict__ tiles, uint32_t sub, uint32_t rpb, uint32_t group,
-		    uint32_t n_heads, uint32_t chunk, float scale, float *__restrict__ part_ml,
+		    uint32_t n_heads, uint32_t chunk, float scale, float cap, uint32_t window,
+		    float *__restrict__ part_ml,
 		    float *__restrict__ part_acc, size_t slots)
 {
 	extern __shared__ float smem[];
@@ -62,10 +63,20 @@ attn_partial_kernel(const float *__restrict__ q, att_geo g, const uint32_t *__re
 	const uint32_t nr = min(rpb, t_rows - si * rpb), nq = nr * group;
 	const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 	const uint32_t *table = tables + tab_off[r0];
-	uint32_t maxp = 0;
-	for (uint32_t r = 0; r < nr; r++)
+	uint32_t maxp = 0, minp = 0xffffffffu;
+	for (uint32_t r = 0; r < nr; r++) {
 		maxp = max(maxp, pos[r0 + r]);
+		minp = min(minp, pos[r0 + r]);
+	}
 	const uint32_t t0 = blockIdx.z * chunk, t1 = min(t0 + chunk, maxp + 1);
+	/*
+	 * Tiles wholly before every row's window are never loaded: a tile a
+	 * query sees nothing of leaves its state untouched, so skipping one
+	 * changes no result.
+	 */
+	const uint32_t lo = window && minp >= window ? (minp - window + 1) / KVT * KVT : 0;
+	const uint32_t tstart = max(t0, lo);
+	const float inv_cap = cap != 0.0f ? 1.0f / cap : 0.0f;
 	const size_t slot0 = (((size_t)blockIdx.x * gridDim.y + kvh) * gridDim.z + blockIdx.z) *
 			     CUDA_ATT_QUERIES;
 
@@ -88,7 +99,7 @@ attn_partial_kernel(const float *__restrict__ q, att_geo g, const uint32_t *__re
 			float x = q[((size_t)(r0 + qi / group) * n_heads + kvh * group + qi % group) * HD + d];
 			sq[qi * HD + d] = CT == KB_F16 ? __half2float(__float2half_rn(x)) : x;
 		}
-		for (uint32_t tb = t0; tb < t1; tb += KVT) {
+		for (uint32_t tb = tstart; tb < t1; tb += KVT) {
 			__syncthreads();	/* q is staged; the previous tile is consumed */
 			for (uint32_t u = threadIdx.x; u < KVT * HD / 8; u += blockDim.x) {
 				uint32_t t = u / (HD / 8), e0 = (u % (HD / 8)) * 8, p = tb + t;
@@ -117,13 +128,16 @@ attn_partial_kernel(const float *__restrict__ q, att_geo g, const uint32_t *__re
 				if (qi >= nq)
 					break;
 				float s = -INFINITY;
-				if (p < t1 && p <= qpos[j]) {
+				if (p < t1 && p <= qpos[j] && (!window || qpos[j] - p < window)) {
 					const float *qv = sq + qi * HD, *kv = sk + lane * (HD + 1);
 					float a = 0.0f;
 #pragma unroll 16
 					for (int d = 0; d < HD; d++)
 						a = fmaf(qv[d], kv[d], a);
-					s = a * scale;
+					s = __fmul_rn(a, scale);
+					/* Gemma 2's soft-cap, on the scaled score (ggml's flash path: scale, then cap). */
+					if (cap != 0.0f)
+						s = __fmul_rn(cap, tanhf(__fmul_rn(s, inv_cap)));
 				}
 				float tmax = warp_max(s);
 				if (tmax == -INFINITY)
@@ -209,7 +223,8 @@ static int launch(cudaStream_t s, const struct cuda_attn_plan *p, float *out, co
 	dim3 grid(p->grid_x, p->grid_y, p->grid_z);
 	attn_partial_kernel<HD, CT><<<grid, 32 * CUDA_ATT_WARPS, p->smem, s>>>(
 		q, g, kv->tables, kv->tab_off, pos, kv->tiles, p->sub, p->rows_per_block, p->group,
-		sh->n_heads, p->chunk, sh->scale, part, part + 2 * slots, slots);
+		sh->n_heads, p->chunk, sh->scale, sh->softcap, sh->window, part, part + 2 * slots,
+		slots);
 	CK_LAUNCH("attention");
 	attn_merge_kernel<HD><<<dim3(p->grid_x, p->grid_y), HD, 0, s>>>(
 		out, kv->tiles, p->sub, p->rows_per_block, p->group, sh->n_heads, p->n_splits, part,

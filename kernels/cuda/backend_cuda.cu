@@ -8,6 +8,8 @@
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/dequant.cuh"
+#include "kernels/cuda/eltwise.cuh"
+#include "kernels/cuda/geglu.cuh"
 #include "kernels/cuda/gemm.cuh"
 #include "kernels/cuda/hostcheck.h"
 #include "kernels/cuda/kvcache.cuh"
@@ -101,10 +103,11 @@ static int cu_matmul_multi(struct backend *b, float *const *y, const struct kb_w
 		return -EINVAL;
 	const uint32_t cols = w[0]->cols;
 	for (uint32_t i = 0; i < count; i++) {
-		uint32_t blk;
-		if (kb_type_block(w[i]->type, &blk, NULL))
-			return -ENOTSUP;
-		if (w[i]->cols != cols || cols % 32 || cols % blk)
+		int rc = cuda_plan_weight(w[i]->type, w[i]->cols, w[i]->row_bytes,
+					  (uintptr_t)w[i]->data);
+		if (rc)
+			return rc;
+		if (w[i]->cols != cols)
 			return -EINVAL;
 	}
 	if (!cuda_plan_use_gemm(n, w[0]->type)) {
@@ -134,8 +137,9 @@ static int cu_matmul(struct backend *b, float *y, const struct kb_weight *w, con
 static int cu_get_rows(struct backend *b, float *out, const struct kb_weight *w,
 		       const uint32_t *ids, uint32_t n)
 {
-	if (kb_type_block(w->type, NULL, NULL))
-		return -ENOTSUP;
+	int rc = cuda_plan_weight(w->type, w->cols, w->row_bytes, (uintptr_t)w->data);
+	if (rc)
+		return rc;
 	return cuda_get_rows(CU(b)->stream, out, w->data, w->type, w->rows, w->cols, w->row_bytes,
 			     ids, n);
 }
@@ -157,17 +161,25 @@ static int cu_add_rmsnorm(struct backend *b, float *out, float *x, const float *
 static int cu_rope(struct backend *b, float *x, const uint32_t *pos, uint32_t n, uint32_t n_heads,
 		   uint32_t head_dim, const struct kb_rope *rope)
 {
-	uint32_t rot_dim = rope->rot_dim;
-	float theta = rope->theta;
-	int neox = rope->neox;
-	if (rot_dim > head_dim || rot_dim % 2)
+	if (rope->rot_dim > head_dim || rope->rot_dim % 2)
 		return -EINVAL;
-	if (rope->freq_factors || rope->freq_scale != 1.0f || rope->ext_factor != 0.0f ||
-	    rope->attn_factor != 1.0f)
-		return -ENOTSUP;
+	if (rope->ext_factor != 0.0f && !(rope->freq_scale > 0.0f))
+		return -EINVAL;
+	struct cuda_rope_args a;
+	a.rot_dim = rope->rot_dim;
+	a.neox = rope->neox;
 	/* The same powf as the CPU's table, on the host, so both walk identical angles. */
-	float step = powf(theta, -2.0f / (float)rot_dim);
-	return cuda_rope(CU(b)->stream, x, pos, n, n_heads, head_dim, rot_dim, step, neox);
+	a.step = powf(rope->theta, -2.0f / (float)rope->rot_dim);
+	a.freq_scale = rope->freq_scale;
+	a.ext_factor = rope->ext_factor;
+	a.mscale = rope->attn_factor;
+	a.corr_lo = rope->corr_lo;
+	a.corr_hi = rope->corr_hi;
+	a.freq_factors = rope->freq_factors;
+	/* YaRN's magnitude correction, once per call, as ggml's rope_yarn computes it. */
+	if (rope->ext_factor != 0.0f)
+		a.mscale *= 1.0f + 0.1f * logf(1.0f / rope->freq_scale);
+	return cuda_rope(CU(b)->stream, x, pos, n, n_heads, head_dim, &a);
 }
 
 static int cu_swiglu(struct backend *b, float *out, const float *gate, const float *up, uint32_t n,
@@ -179,6 +191,29 @@ static int cu_swiglu(struct backend *b, float *out, const float *gate, const flo
 static int cu_add(struct backend *b, float *x, const float *y, uint32_t n, uint32_t dim)
 {
 	return cuda_add(CU(b)->stream, x, y, (size_t)n * dim);
+}
+
+/* ---- what only some architectures use ---- */
+
+static int cu_add_bias(struct backend *b, float *x, const float *bias, uint32_t n, uint32_t dim)
+{
+	return cuda_add_bias(CU(b)->stream, x, bias, n, dim);
+}
+
+static int cu_scale(struct backend *b, float *x, float k, uint32_t n, uint32_t dim)
+{
+	return cuda_scale(CU(b)->stream, x, k, (size_t)n * dim);
+}
+
+static int cu_softcap(struct backend *b, float *x, float cap, uint32_t n, uint32_t dim)
+{
+	return cuda_softcap(CU(b)->stream, x, cap, (size_t)n * dim);
+}
+
+static int cu_geglu(struct backend *b, float *out, const float *gate, const float *up, uint32_t n,
+		    uint32_t dim)
+{
+	return cuda_geglu(CU(b)->stream, out, gate, up, (size_t)n * dim);
 }
 
 /* ---- K/V and attention ---- */
@@ -219,8 +254,6 @@ static int cu_attention_rows(struct backend *b, float *out, const float *q,
 	struct cuda_backend *cb = CU(b);
 	if (n == 0)
 		return 0;
-	if (sh->softcap != 0.0f || sh->window)
-		return -ENOTSUP;
 	if (sh->n_kv_heads == 0 || sh->n_heads % sh->n_kv_heads)
 		return -EINVAL;
 	int rc = kv_ok(&kv->geo, sh->n_kv_heads * sh->head_dim);
@@ -436,6 +469,10 @@ static const struct backend_ops cuda_ops = {
 	.unimport = cu_unimport,
 	.step_begin = cu_step_begin,
 	.step_end = cu_step_end,
+	.add_bias = cu_add_bias,
+	.scale = cu_scale,
+	.softcap = cu_softcap,
+	.geglu = cu_geglu,
 };
 
 static int cu_devices(char *why, size_t whylen)

@@ -3,6 +3,44 @@
 #include "kernels/backend.h"
 #include "kernels/cuda/plan.h"
 
+uint32_t cuda_plan_block_align(uint32_t type)
+{
+	switch (type) {
+	case KB_F32:
+	case KB_F16:
+	case KB_BF16:
+		return 16;	/* a 32-element run in 16-byte vector loads */
+	case KB_Q4_1:
+	case KB_Q5_1:
+	case KB_Q2_K:
+	case KB_Q4_K:
+	case KB_Q5_K:
+	case KB_IQ4_XS:
+		return 4;	/* blocks of a multiple of 4 bytes, quants read as words */
+	case KB_Q4_0:
+	case KB_Q5_0:
+	case KB_Q8_0:
+	case KB_Q3_K:
+	case KB_Q6_K:
+	case KB_IQ4_NL:
+		return 2;	/* 18-, 22-, 34-, 110- and 210-byte blocks: words read as two halves */
+	default:
+		return 0;
+	}
+}
+
+int cuda_plan_weight(uint32_t type, uint32_t cols, size_t row_bytes, uintptr_t data)
+{
+	uint32_t align = cuda_plan_block_align(type), be, bb;
+	if (!align || kb_type_block(type, &be, &bb))
+		return -ENOTSUP;
+	if (cols == 0 || cols % 32 || cols % be || row_bytes < (size_t)cols / be * bb)
+		return -EINVAL;
+	if (row_bytes % align || data % align)
+		return -EINVAL;
+	return 0;
+}
+
 int cuda_plan_use_gemm(uint32_t n, uint32_t type)
 {
 	(void)type;

@@ -19,6 +19,19 @@ extern "C" {
 /* Queries (row, head) one attention block holds: 8 per warp, in registers. */
 #define CUDA_ATT_QUERIES 32
 
+/*
+ * The byte alignment the block decoders (common.cuh deq32) need of every
+ * block of type; 0 for a type they do not decode.
+ */
+uint32_t cuda_plan_block_align(uint32_t type);
+/*
+ * 0 when the kernels can take a weight of type with cols columns in rows
+ * row_bytes apart from address data; -ENOTSUP for a type they do not
+ * decode (or kb_type_block() does not know), -EINVAL for a shape or an
+ * alignment they cannot read.
+ */
+int cuda_plan_weight(uint32_t type, uint32_t cols, size_t row_bytes, uintptr_t data);
+
 /* 1: y = x @ W^T for n rows goes through GEMM; 0: through the mat-vec kernel. */
 int cuda_plan_use_gemm(uint32_t n, uint32_t type);
 

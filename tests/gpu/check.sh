@@ -54,6 +54,25 @@ if grep -q "skipped: no CUDA device" "$log" || grep -q "FAILED" "$log"; then
 	echo "check: test_cuda did not pass on a device"
 	status=1
 fi
+# The weight types, ops and rope/attention parameters of issue 17 must each
+# have met the device and the CPU, not been passed over because one lacked them.
+missing=""
+for t in " 6" " 7" "10" "11" "13" "20" "23"; do
+	grep -q "^matmul type $t n 37: rel err" "$log" || missing="$missing; matmul type $t"
+done
+for pat in "^add_bias: .*against the CPU" "^scale: .*against the CPU" \
+	"^softcap: .*against the CPU" "^geglu: .*against the CPU" \
+	"^rope freq factors, neox 0: .*against the CPU" "^rope linear 1/4, neox 1: .*against the CPU" \
+	"^rope yarn 1/4, neox 1: .*against the CPU" "^rope attn_factor, neox 0: .*against the CPU" \
+	"softcap 0.5 window 0: rel err" "softcap 0 window 100: rel err" "softcap 0.5 window 1000: rel err"; do
+	grep -q "$pat" "$log" || missing="$missing; $pat"
+done
+grep -q "the CPU lacks soft-cap or window" "$log" && missing="$missing; attention soft-cap/window against the CPU"
+grep -q "not compared, the CPU does not decode it" "$log" && missing="$missing; a weight type the CPU does not decode"
+if [ -n "$missing" ]; then
+	echo "check: test_cuda left unchecked on the device:${missing#; }"
+	status=1
+fi
 step "greedy on the golden prompts, CUDA against CPU"
 run 180 test_cuda_golden sh -c 'build/tests/test_cuda_golden >"$1" 2>&1; rc=$?; cat "$1"; exit $rc' sh "$log"
 if grep -q "skipped: no CUDA device" "$log" || grep -q "FAILED" "$log"; then
