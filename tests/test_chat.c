@@ -15,6 +15,8 @@
 #include "daemon/tokenizer/tokenizer.h"
 #include "daemon/tokenizer/tokenizer_int.h"
 #include "tests/lib/fixture.h"
+#include "tests/lib/gguf_patch.h"
+#include "tests/lib/proc.h"
 
 #define GOLDEN "tests/golden/chat/"
 #define NOW 1768478400	/* gen_chat.py's NOW: 2026-01-15 12:00:00 UTC */
@@ -477,6 +479,115 @@ static void test_select(void **state)
 	gguf_close(f);
 }
 
+/* A SentencePiece vocabulary of four tokens with chat_template tmpl, in memory (*buf: free it). */
+static struct gguf_file *spm_with_template(const char *tmpl, struct wbuf *w)
+{
+	static const char *const toks[] = { "<unk>", "<s>", "</s>", "a" };
+	const float scores[] = { 0, 0, 0, -1 };
+	const int32_t types[] = { 2, 3, 3, 1 };
+	struct gguf_file *f;
+	char err[256];
+
+	*w = (struct wbuf){ 0 };
+	w_bytes(w, "GGUF", 4);
+	w_u32(w, 3);
+	w_u64(w, 0);
+	w_u64(w, 7);
+	w_key(w, "tokenizer.ggml.model", GGUF_VT_STRING);
+	w_str(w, "llama");
+	w_key(w, "tokenizer.ggml.tokens", GGUF_VT_ARRAY);
+	w_u32(w, GGUF_VT_STRING);
+	w_u64(w, 4);
+	for (int i = 0; i < 4; i++)
+		w_str(w, toks[i]);
+	w_key(w, "tokenizer.ggml.scores", GGUF_VT_ARRAY);
+	w_u32(w, GGUF_VT_F32);
+	w_u64(w, 4);
+	w_bytes(w, scores, sizeof(scores));
+	w_key(w, "tokenizer.ggml.token_type", GGUF_VT_ARRAY);
+	w_u32(w, GGUF_VT_I32);
+	w_u64(w, 4);
+	w_bytes(w, types, sizeof(types));
+	w_key(w, "tokenizer.ggml.bos_token_id", GGUF_VT_U32);
+	w_u32(w, 1);
+	w_key(w, "tokenizer.ggml.eos_token_id", GGUF_VT_U32);
+	w_u32(w, 2);
+	w_key(w, "tokenizer.chat_template", GGUF_VT_STRING);
+	w_str(w, tmpl);
+	w_pad(w, 32);
+	if (gguf_open_mem(&f, w->p, w->len, err, sizeof(err)))
+		fail_msg("gguf_open_mem: %s", err);
+	return f;
+}
+
+/* A GGUF template kvd cannot run is refused when the model loads, with why and what to do. */
+static void test_refused(void **state)
+{
+	static const struct { const char *tmpl, *why; int ok; } cases[] = {
+		{ "{% for m in messages %}{{ m.content | wordwrap }}{% endfor %}", "filter 'wordwrap'", 0 },
+		{ "{{ bos_token + '[INST] ' + content + ' [/INST]' }}", "undefined", 0 },
+		{ "{% for m in messages %}{% include 'x' %}{% endfor %}", "'include'", 0 },
+		/* A template that raises on the probe's conversation is within its rights. */
+		{ "{{ raise_exception('no system') if messages[0].role == 'system' }}{{ messages[0].content }}",
+		  NULL, 1 },
+	};
+	const struct chat_msg hi[] = { { "user", "a" } };
+	char err[512], buf[256];
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct wbuf w;
+		struct gguf_file *f = spm_with_template(cases[i].tmpl, &w);
+		struct tokenizer *t;
+
+		assert_int_equal(tokenizer_create(&t, f, err, sizeof(err)), 0);
+		int rc = tokenizer_chat_select(t, NULL, err, sizeof(err));
+		if (cases[i].ok) {
+			assert_int_equal(rc, 0);
+		} else {
+			if (rc != -ENOTSUP || !strstr(err, cases[i].why) || !strstr(err, "--chat-template"))
+				fail_msg("%s: %d '%s'", cases[i].tmpl, rc, err);
+			assert_int_equal(tokenizer_chat_format(t, hi, 1, 1, buf, sizeof(buf)), -ENOTSUP);
+			/* --chat-template: a built-in one instead. */
+			assert_int_equal(tokenizer_chat_select(t, "llama2", err, sizeof(err)), 0);
+			assert_int_equal(tokenizer_chat_select(t, NULL, err, sizeof(err)), 0);
+			assert_int_equal(tokenizer_chat_format(t, hi, 1, 1, buf, sizeof(buf)),
+					 strlen("[INST] a [/INST]"));
+			assert_string_equal(buf, "[INST] a [/INST]");
+		}
+		tokenizer_destroy(t);
+		gguf_close(f);
+		free(w.p);
+	}
+}
+
+/* kvd --chat-template NAME: the option reaches the tokenizer; an unknown name stops kvd. */
+static void test_option(void **state)
+{
+	static const struct { const char *name, *want; int code; } cases[] = {
+		{ "nope", "unknown chat template 'nope'", 1 },
+		{ "llama3", "prefill", 0 },
+	};
+
+	(void)state;
+	if (access(kp_bin(), X_OK))
+		skip();
+	for (size_t i = 0; i < 2; i++) {
+		char cmd[1024], out[8192];
+		size_t n;
+
+		snprintf(cmd, sizeof(cmd), "'%s' --model '%s' --backend cpu --chat --prompt Hi -n 0 "
+			 "--chat-template %s 2>&1", kp_bin(), fixture_model_path(), cases[i].name);
+		FILE *p = popen(cmd, "r");
+		assert_non_null(p);
+		n = fread(out, 1, sizeof(out) - 1, p);
+		out[n] = 0;
+		int st = pclose(p);
+		if (!WIFEXITED(st) || (WEXITSTATUS(st) != 0) != cases[i].code || !strstr(out, cases[i].want))
+			fail_msg("--chat-template %s: status %d, output:\n%s", cases[i].name, st, out);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -488,6 +599,8 @@ int main(void)
 		cmocka_unit_test(test_syntax),
 		cmocka_unit_test(test_spans),
 		cmocka_unit_test(test_select),
+		cmocka_unit_test(test_refused),
+		cmocka_unit_test(test_option),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
