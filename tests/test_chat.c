@@ -329,6 +329,11 @@ static void test_limits(void **state)
 		{ "{% set ns = namespace(s='xxxxxxxx') %}{% for i in range(40) %}"
 		  "{% set ns.s = ns.s + ns.s %}{% endfor %}", -E2BIG },
 		{ "{% for i in range(100000) %}{{ 'abcdefghijklmnopqrstuvwxyz' * 10 }}{% endfor %}", -E2BIG },
+		/* Work inside loops: a lookup in a big list, a scan of a big string, each time. */
+		{ "{% set l = range(100000) | list %}{% for i in range(100000) %}{% if -1 in l %}"
+		  "{% endif %}{% endfor %}", -E2BIG },
+		{ "{% set s = 'ab' * 1000000 %}{% for i in range(100000) %}{{ s | length > 0 }}"
+		  "{% endfor %}", -E2BIG },
 		{ "{{ 1 / 0 }}", -EINVAL },
 		{ "{{ 9223372036854775807 + 1 }}", -ENOTSUP },
 		{ "{{ none.x.y }}", -EINVAL },
@@ -389,7 +394,7 @@ static void test_limits(void **state)
 	/* A small max_out is the output's bound. */
 	c.max_out = 8;
 	assert_int_equal(render_str("{{ 'abcdefghij' }}", &c, &o, err, sizeof(err)), -E2BIG);
-	assert_int_equal(render_str("{{ 'abcdef' }}", &c, &o, err, sizeof(err)), 0);
+	assert_int_equal(render_str("{{ 'abcdef' }}{{ '' * 1000000000000 }}", &c, &o, err, sizeof(err)), 0);
 	free(o.text);
 	free(o.spans);
 }

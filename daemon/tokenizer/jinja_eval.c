@@ -145,7 +145,8 @@ static int repeat(struct jrun *r, struct jstr s, int64_t k, struct jv *out)
 {
 	struct jbuf b = { 0 };
 
-	for (int64_t i = 0; i < k && !r->rc; i++)
+	/* Past max_out the buffer refuses; an empty string would never get there. */
+	for (int64_t i = 0; s.n && i < k && !r->rc; i++)
 		jb_puts(r, &b, s);
 	*out = jv_str(jb_str(&b));
 	return r->rc;
@@ -158,6 +159,8 @@ static int contains(struct jrun *r, struct jv needle, struct jv hay, int *out, i
 		if (needle.type != JV_STR)
 			return jr_err(r, -EINVAL, line, "'in <string>' requires a string, not '%s'",
 				      jv_type_name(needle));
+		if (jr_work(r, hay.s.n))
+			return r->rc;
 		*out = !needle.s.n || memmem(hay.s.p, hay.s.n, needle.s.p, needle.s.n);
 		return 0;
 	}
@@ -166,6 +169,8 @@ static int contains(struct jrun *r, struct jv needle, struct jv hay, int *out, i
 		return 0;
 	}
 	if (hay.type == JV_LIST) {
+		if (jr_work(r, hay.l->n))
+			return r->rc;
 		for (size_t i = 0; i < hay.l->n && !*out; i++)
 			*out = jv_eq(needle, hay.l->v[i]);
 		return 0;
@@ -209,6 +214,8 @@ static int binary(struct jrun *r, int op, struct jv a, struct jv b, struct jv *o
 		return concat(r, x, y, out);
 	}
 	case JO_EQ: case JO_NE:
+		if (jr_work(r, a.type == JV_LIST ? a.l->n : a.type == JV_DICT ? a.d->n : 0))
+			return r->rc;
 		*out = jv_bool(jv_eq(a, b) == (op == JO_EQ));
 		return 0;
 	case JO_LT: case JO_LE: case JO_GT: case JO_GE:
@@ -283,7 +290,7 @@ static size_t *cp_offsets(struct jrun *r, struct jstr s, size_t *n)
 {
 	size_t *o = jr_alloc(r, (s.n + 2) * sizeof(*o)), k = 0;
 
-	if (!o)
+	if (!o || jr_work(r, s.n))
 		return NULL;
 	for (size_t i = 0; i < s.n; i++)
 		if (((unsigned char)s.p[i] & 0xc0) != 0x80)
@@ -516,7 +523,7 @@ static int eval(struct jrun *r, struct jframe *f, const struct jexpr *e, struct 
 {
 	struct jv a, b;
 
-	if (r->rc)
+	if (r->rc || jr_work(r, 1))
 		return r->rc;
 	switch (e->kind) {
 	case JE_LIT: *out = e->lit; return 0;

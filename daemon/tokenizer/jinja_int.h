@@ -10,6 +10,7 @@
 #define JINJA_MAX_DEPTH		64	/* nesting of expressions and blocks */
 #define JINJA_MAX_CALLS		16	/* macro calls in progress */
 #define JINJA_MAX_ITERS		200000	/* loop iterations in one render */
+#define JINJA_MAX_WORK		100000000 /* expression nodes, items and bytes walked in one render */
 #define JINJA_MAX_ARENA		(64u << 20)	/* bytes one render or parse may hold */
 #define JINJA_MAX_ARGS		16
 

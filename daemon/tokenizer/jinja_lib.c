@@ -129,6 +129,8 @@ static int strip(struct jrun *r, struct jstr s, struct jstr chars, int which, st
 {
 	size_t lo = 0, hi = s.n, k;
 
+	if (jr_work(r, s.n))
+		return r->rc;
 	while ((which & 1) && lo < hi && in_chars(s.p, hi, lo, chars, &k))
 		lo += k;
 	while ((which & 2) && hi > lo && last_in_chars(s.p + lo, hi - lo, chars, &k))
@@ -172,6 +174,8 @@ static int replace(struct jrun *r, struct jstr s, struct jstr old, struct jstr n
 	struct jbuf b = { 0 };
 	size_t i = 0;
 
+	if (jr_work(r, s.n))
+		return r->rc;
 	if (!old.n) {
 		*out = jv_str(s);	/* inserting between characters is not something templates do */
 		return jr_err(r, -ENOTSUP, 0, "chat template: replace() of an empty string");
@@ -197,6 +201,8 @@ static int split(struct jrun *r, struct jstr s, const struct jv *sep, int64_t ma
 	struct jv l = mklist(r, s.n + 1);
 	size_t i = 0, k;
 
+	if (jr_work(r, s.n))
+		return r->rc;
 	if (l.type != JV_LIST)
 		return r->rc;
 	if (sep && sep->type == JV_STR) {
@@ -308,7 +314,7 @@ static int str_method(struct jrun *r, struct jstr s, int m, const struct jargs *
 	case 11:
 		return x ? join(r, *x, s, NULL, out, line) : jr_err(r, -EINVAL, line, "join() needs a list");
 	case 12: case 13: {
-		if (want_str(r, x, m == 12 ? "find()" : "count()", line))
+		if (want_str(r, x, m == 12 ? "find()" : "count()", line) || jr_work(r, s.n))
 			return r->rc;
 		const char *at = memmem(s.p, s.n, x->s.p, x->s.n);
 		int64_t n = 0;
@@ -709,7 +715,9 @@ static int reverse(struct jrun *r, struct jv x, struct jv *out, int line)
 static int length(struct jrun *r, struct jv x, struct jv *out, int line)
 {
 	switch (x.type) {
-	case JV_STR: *out = jv_int((int64_t)utf8_len(x.s.p, x.s.n)); return 0;
+	case JV_STR:
+		*out = jv_int((int64_t)utf8_len(x.s.p, x.s.n));
+		return jr_work(r, x.s.n);
 	case JV_LIST: *out = jv_int((int64_t)x.l->n); return 0;
 	case JV_DICT: *out = jv_int((int64_t)x.d->n); return 0;
 	case JV_UNDEF: *out = jv_int(0); return 0;
@@ -788,7 +796,7 @@ int jx_filter(struct jrun *r, int id, struct jv x, const struct jargs *a, struct
 		if (jv_list(r, x, &items, line))
 			return r->rc;
 		*out = mklist(r, items.n);
-		if (out->type == JV_LIST)
+		if (out->type == JV_LIST && items.n)
 			memcpy(out->l->v, items.v, items.n * sizeof(*items.v)), out->l->n = items.n;
 		return r->rc;
 	}
@@ -847,6 +855,8 @@ static int range(struct jrun *r, const struct jargs *a, struct jv *out, int line
 			      ((double)v[0] - (double)v[1]) / (double)-v[2];
 	if (n > JINJA_MAX_ITERS)
 		return jr_err(r, -E2BIG, line, "range() of more than %d items", JINJA_MAX_ITERS);
+	if (jr_work(r, n > 0 ? (size_t)n : 0))
+		return r->rc;
 	*out = mklist(r, n > 0 ? (size_t)n + 1 : 0);
 	for (int64_t i = v[0]; out->type == JV_LIST && (v[2] > 0 ? i < v[1] : i > v[1]); i += v[2])
 		out->l->v[out->l->n++] = jv_int(i);

@@ -74,6 +74,15 @@ int jr_err(struct jrun *r, int rc, int line, const char *fmt, ...)
 	return r->rc;
 }
 
+int jr_work(struct jrun *r, size_t n)
+{
+	r->work += n;
+	if (r->work > JINJA_MAX_WORK)
+		return jr_err(r, -E2BIG, 0, "chat template: more than %d steps of work",
+			      JINJA_MAX_WORK);
+	return r->rc;
+}
+
 void *jr_alloc(struct jrun *r, size_t n)
 {
 	void *p = ja_alloc(&r->a, n);
@@ -498,6 +507,9 @@ int jv_to_str(struct jrun *r, struct jv v, struct jstr *out, int line)
 int jv_list(struct jrun *r, struct jv v, struct jlist *out, int line)
 {
 	*out = (struct jlist){ 0 };
+	if (jr_work(r, v.type == JV_LIST ? v.l->n : v.type == JV_DICT ? v.d->n :
+		       v.type == JV_STR ? v.s.n : 0))
+		return r->rc;
 	switch (v.type) {
 	case JV_UNDEF:
 		return 0;

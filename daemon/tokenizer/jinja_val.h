@@ -28,7 +28,7 @@ struct jrun {
 	const struct jinja_ctx *c;
 	struct jbuf *out;
 	struct jframe *root;
-	size_t iters, max_out;
+	size_t iters, work, max_out;
 	int calls;
 	int loopctl;		/* 1: break, 2: continue pending */
 	char *err;
@@ -39,6 +39,8 @@ struct jrun {
 int jr_err(struct jrun *r, int rc, int line, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 void *jr_alloc(struct jrun *r, size_t n);
+/* Count n steps of work: a template that loops over big lists inside loops ends, -E2BIG. */
+int jr_work(struct jrun *r, size_t n);
 
 int jb_put(struct jrun *r, struct jbuf *b, const char *s, size_t n, int tainted);
 int jb_puts(struct jrun *r, struct jbuf *b, struct jstr s);
