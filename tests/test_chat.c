@@ -559,6 +559,21 @@ static void test_refused(void **state)
 			assert_int_equal(tokenizer_chat_format(t, hi, 1, 1, buf, sizeof(buf)),
 					 strlen("[INST] a [/INST]"));
 			assert_string_equal(buf, "[INST] a [/INST]");
+			/* The next turn: what follows the answer's </s>, BOS and all. */
+			assert_int_equal(tokenizer_chat_next_turn(t, "b", buf, sizeof(buf)),
+					 strlen("<s>[INST] b [/INST]"));
+			assert_string_equal(buf, "<s>[INST] b [/INST]");
+			/* Zephyr's ends each turn with </s> too; the newline after it is the next turn's. */
+			assert_int_equal(tokenizer_chat_select(t, "zephyr", err, sizeof(err)), 0);
+			assert_int_equal(tokenizer_chat_next_turn(t, "b", buf, sizeof(buf)),
+					 strlen("\n<|user|>\nb</s>\n<|assistant|>\n"));
+			assert_string_equal(buf, "\n<|user|>\nb</s>\n<|assistant|>\n");
+			/* Mistral Nemo's writes bos_token itself: one BOS, the tokenizer's. */
+			assert_int_equal(tokenizer_chat_select(t, "mistral", err, sizeof(err)), 0);
+			const uint32_t want[] = { 1 };
+			uint32_t ids[64];
+			assert_true(tokenizer_chat_encode(t, hi, 1, 0, ids, 64) > 0);
+			assert_memory_equal(ids, want, sizeof(want));
 		}
 		tokenizer_destroy(t);
 		gguf_close(f);
