@@ -168,6 +168,17 @@ int jp_grow(void **v, size_t *cap, size_t n, size_t size);
 /* Tokens of the normalised source s into p->tok, ending with T_EOF; 0 or p->rc. */
 int jp_lex(struct jparse *p, const char *s, size_t n);
 
+/* jinja.c: the token at hand and its tests; expressions (NULL on error, p->rc says why). */
+struct jtok *jp_cur(struct jparse *p);
+int jp_is_op(const struct jtok *t, const char *op);
+int jp_is_name(const struct jtok *t, const char *name);
+int jp_expect_op(struct jparse *p, const char *op);
+struct jstr jp_tok_str(const struct jtok *t);
+void *jp_alloc(struct jparse *p, size_t n);
+struct jexpr *jp_expr(struct jparse *p);		/* a whole expression, a if c else b */
+struct jexpr *jp_or(struct jparse *p);		/* one without the conditional (for's iterable) */
+int jp_too_deep(const struct jexpr *e, int d);	/* its tree deeper than the bound */
+
 
 /* jinja_eval.c's tables: a name's number, or -1 when kvd does not implement it. */
 int jx_filter_id(struct jstr name);
