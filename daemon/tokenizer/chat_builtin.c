@@ -5,10 +5,9 @@
 
 const struct tok_chat_builtin tok_chat_builtins[] = {
 	{ "chatml", "teknium-OpenHermes-2.5-Mistral-7B",
-	"{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n"
-	"' + message['content'] + '<|im_end|>' + '\n"
-	"'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n"
-	"' }}{% endif %}" },
+	"{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'"
+	"] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assista"
+	"nt\\n' }}{% endif %}" },
 	{ "llama3", "meta-llama-Meta-Llama-3-8B-Instruct",
 	"{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|sta"
 	"rt_header_id|>' + message['role'] + '<|end_header_id|>\n"
