@@ -43,6 +43,7 @@ struct kvd_options {
 	uint32_t ppl_ctx;		/* --ctx as the command line gave it, else 0: --perplexity's chunk */
 	/* the daemon: file and command line */
 	const char *model;		/* NULL: no model named, and none found at model_tried */
+	const char *chat_template;	/* a built-in template's name; NULL: the model's */
 	uint32_t threads;		/* 0: every core */
 	uint32_t ctx;			/* 0: the model's */
 	uint64_t kv_mem;		/* 0: see kv_blocks */

@@ -124,6 +124,17 @@ const struct cfg_opt config_opts[] = {
 		 "so\n.B build/kvd\nworks from any directory) that holds that file; never the\n"
 		 "current directory. When none does, kvd names the places it looked and exits 1.\n"
 		 "A relative\n.I PATH\nis taken from the current directory." },
+	{ "chat-template", 0, CT_STR, 0, SEC_MODEL, O(chat_template), .arg = "NAME",
+	  .help = "chat template to use instead of the model's: chatml, llama3,\n"
+		  "llama2, phi3, gemma, mistral or zephyr",
+	  .man = "Render chat prompts with the built-in template\n.I NAME\n"
+		 "instead of the model's own\n.RB ( tokenizer.chat_template ):\n"
+		 ".B chatml\n(OpenHermes 2.5),\n.B llama3\n(Meta Llama 3 Instruct),\n"
+		 ".B llama2\n(Llama 2 chat),\n.B phi3\n(Phi 3.5 mini),\n.B gemma\n(Gemma 2),\n"
+		 ".B mistral\n(Mistral Nemo) or\n.B zephyr\n(Zephyr 7B beta), each its model's own text.\n"
+		 "kvd runs a model's template with its own Jinja interpreter, as Hugging Face's\n"
+		 "apply_chat_template does; a template that uses what the interpreter lacks is\n"
+		 "refused when the model loads, naming the construct, unless this option is set." },
 	{ "backend", 0, CT_ENUM, 0, SEC_DAEMON, O(backend), ENUM(backends, backend_vals), .arg = "B",
 	  .help = "auto (CUDA when a device is present), cpu, cuda, or ref\n"
 		  "(exact f32/f64 reference, one thread, slow; f32 KV by default)",

@@ -36,6 +36,12 @@ static int serve(struct kvd_options *o, struct model *m, struct backend *be, str
 		log_msg(LOG_ERR, "tokenizer: %s", err);
 		return rc;
 	}
+	rc = tokenizer_chat_select(tok, o->chat_template, err, sizeof(err));
+	if (rc) {
+		log_msg(LOG_ERR, "%s", err);
+		tokenizer_destroy(tok);
+		return rc;
+	}
 	if (!o->srv.socket_path) {
 		o->srv.socket_path = config_default_socket(path, sizeof(path));
 		if (!strcmp(o->srv.socket_path, "/run/kvd/kvd.sock"))

@@ -66,8 +66,10 @@ static int encode_prompt(const struct kvd_options *o, const struct tokenizer *to
 		msgs[n++] = (struct chat_msg){ "system", o->system };
 	msgs[n++] = (struct chat_msg){ "user", o->prompt };
 	int rc = tokenizer_chat_encode(tok, msgs, n, 0, out, cap);
-	if (rc == -EINVAL || rc == -ENOTSUP)
-		fprintf(stderr, "kvd: this model has no chat template kvd understands\n");
+	if (rc == -ENOTSUP)
+		fprintf(stderr, "kvd: this model has no chat template kvd can run (see --chat-template)\n");
+	else if (rc == -EINVAL)
+		fprintf(stderr, "kvd: the chat template refuses these messages\n");
 	return rc;
 }
 
@@ -208,6 +210,12 @@ int oneshot_prompt(const struct kvd_options *o, struct model *m, struct backend 
 	int rc = tokenizer_for_model(&tok, m, err, sizeof(err));
 	if (rc) {
 		fprintf(stderr, "kvd: tokenizer: %s\n", err);
+		return rc;
+	}
+	rc = tokenizer_chat_select(tok, o->chat_template, err, sizeof(err));
+	if (rc) {
+		fprintf(stderr, "kvd: %s\n", err);
+		tokenizer_destroy(tok);
 		return rc;
 	}
 	uint32_t ctx = m->hp.ctx_len;	/* --ctx applied: model_set_ctx */

@@ -663,7 +663,17 @@ static void test_spm(void **state)
 	kv_arr32(&b, "tokenizer.ggml.token_type", GGUF_VT_I32, types, NV);
 	kv_u32(&b, "tokenizer.ggml.bos_token_id", 1);
 	kv_u32(&b, "tokenizer.ggml.eos_token_id", 2);
-	kv_string(&b, "tokenizer.chat_template", "{{ bos_token + '[INST] ' + content + ' [/INST]' }}");
+	/* Llama-2-chat's own template (tests/golden/chat/meta-llama-Llama-2-7b-chat-hf.jinja). */
+	kv_string(&b, "tokenizer.chat_template",
+		  "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"
+		  "{% set system_message = messages[0]['content'] %}{% else %}"
+		  "{% set loop_messages = messages %}{% set system_message = false %}{% endif %}"
+		  "{% for message in loop_messages %}{% if loop.index0 == 0 and system_message != false %}"
+		  "{% set content = '<<SYS>>\\n' + system_message + '\\n<</SYS>>\\n\\n' + message['content'] %}"
+		  "{% else %}{% set content = message['content'] %}{% endif %}"
+		  "{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}"
+		  "{% elif message['role'] == 'assistant' %}{{ ' '  + content.strip() + ' ' + eos_token }}"
+		  "{% endif %}{% endfor %}");
 	gb_done(&b);
 	assert_int_equal(gguf_open_mem(&f, b.p, b.n, err, sizeof(err)), 0);
 	n = tokenizer_create(&t, f, err, sizeof(err));

@@ -324,7 +324,7 @@ void tokenizer_destroy(struct tokenizer *t)
 {
 	if (!t)
 		return;
-	free(t->chat_system);
+	tok_chat_free(t);
 	free(t->special);
 	free(t->merges);
 	free(t->vmap);

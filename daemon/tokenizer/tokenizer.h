@@ -101,15 +101,16 @@ struct chat_msg {
 };
 
 /*
- * Render messages with the model's chat template (tokenizer.chat_template),
- * recognising the template families in use (ChatML <|im_start|>, Llama 2
- * [INST], Llama 3 header ids), including a default system prompt the
- * template inserts (ChatML: a literal system turn in the template, used
- * when the first message is not a system one). add_assistant: end with the
- * assistant turn's opening. BOS is not written: encode with add_bos.
- * Returns bytes needed (excluding NUL; may exceed cap, output always
- * NUL-terminated when cap > 0), -EINVAL for a NULL role or content, or
- * -ENOTSUP if the model has no template kvd recognises.
+ * Render messages with the chat template: the model's
+ * (tokenizer.chat_template) run by kvd's Jinja interpreter as Hugging
+ * Face's apply_chat_template runs it (messages, add_generation_prompt =
+ * add_assistant, bos_token, eos_token, tools = none), or the built-in one
+ * tokenizer_chat_select() chose. A BOS the tokenizer adds (add_bos) is not
+ * repeated at the start of the text: encode with add_bos. Returns bytes
+ * needed (excluding NUL; may exceed cap, output always NUL-terminated when
+ * cap > 0), -EINVAL for a NULL role or content or messages the template
+ * refuses (its raise_exception(), e.g. roles that do not alternate), or
+ * -ENOTSUP if the model has no template kvd can run.
  */
 int tokenizer_chat_format(const struct tokenizer *t, const struct chat_msg *msgs,
 			  size_t n, int add_assistant, char *out, size_t cap);
@@ -117,11 +118,22 @@ int tokenizer_chat_format(const struct tokenizer *t, const struct chat_msg *msgs
 /*
  * The text of the next user turn of a conversation whose last assistant
  * turn ended with its end-of-turn token (already in the context): the
- * turn itself and the opening of the assistant's answer, no system prompt.
+ * turn itself and the opening of the assistant's answer, no system prompt
+ * (what the template renders after that token). -ENOTSUP also for a
+ * template whose earlier turns depend on later ones (no such text).
  * Same return convention as tokenizer_chat_format().
  */
 int tokenizer_chat_next_turn(const struct tokenizer *t, const char *content, char *out,
 			     size_t cap);
+
+/*
+ * Which chat template to use: NULL or "" the model's, refused here
+ * (-ENOTSUP, err gives the reason and the built-in names) when the model
+ * has one kvd cannot run; otherwise a built-in one by name (chatml,
+ * llama3, llama2, phi3, gemma, mistral, zephyr: -EINVAL for another name).
+ * Call it before the tokenizer is shared between threads.
+ */
+int tokenizer_chat_select(struct tokenizer *t, const char *name, char *err, size_t errlen);
 
 /* How tokenizer_chat_encode() renders and reads its messages. */
 #define TOK_CHAT_NEXT_TURN	(1U << 0) /* the next turns of a conversation, as in

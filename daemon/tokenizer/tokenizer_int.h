@@ -35,8 +35,6 @@ enum tok_pre_stage {
 };
 #define TOK_PRE_MAX 4
 
-enum tok_chat { CHAT_NONE, CHAT_CHATML, CHAT_LLAMA2, CHAT_LLAMA3, CHAT_LAST };
-
 struct tok_entry {
 	const char *text;	/* in the GGUF mapping, not NUL-terminated */
 	uint32_t len;
@@ -51,6 +49,8 @@ struct tok_merge {
 	uint32_t rank;		/* position in tokenizer.ggml.merges: lower merges first */
 	uint32_t id;
 };
+
+struct jinja_tmpl;
 
 struct tokenizer {
 	enum tok_model model;
@@ -71,9 +71,8 @@ struct tokenizer {
 	uint32_t bos, eos, eot, unk;
 	uint32_t eog[8];		/* (n_eog,) */
 	uint32_t n_eog;
-	enum tok_chat chat;
-	char *chat_system;		/* template's default system prompt, NULL if none */
-	size_t chat_system_len;
+	struct jinja_tmpl *chat;	/* the chat template in use, NULL if none */
+	char *chat_refused;		/* why the GGUF's template cannot run, NULL if it can */
 };
 
 /* Ids written so far; nothing is stored past cap but n keeps counting. */
@@ -124,8 +123,21 @@ int tok_spm_encode(const struct tokenizer *t, const char *text, size_t len, int 
 /* Normal SPM token text with U+2581 turned back into spaces; count (may exceed cap). */
 size_t tok_spm_unmap(const char *text, size_t len, char *buf, size_t cap);
 
-/* chat.c: recognise tokenizer.chat_template; 0 or -ENOMEM (unknown is CHAT_NONE). */
+/*
+ * chat.c: parse tokenizer.chat_template and try it on a conversation; one
+ * it cannot run is kept out (chat_refused says why, for
+ * tokenizer_chat_select()). 0 or -ENOMEM.
+ */
 int tok_chat_init(struct tokenizer *t, const struct gguf_file *f);
+void tok_chat_free(struct tokenizer *t);
+
+/* chat_builtin.c: the templates --chat-template names, ending with a NULL name. */
+struct tok_chat_builtin {
+	const char *name;
+	const char *origin;	/* the model it comes from, tests/golden/chat/<origin>.jinja */
+	const char *text;
+};
+extern const struct tok_chat_builtin tok_chat_builtins[];
 
 /*
  * A candidate merge of two adjacent symbols. Both BPE kinds keep them in a

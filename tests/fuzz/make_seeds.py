@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """make_seeds.py MODEL.gguf -- writes the seed corpora of tests/fuzz/corpus/.
 
+(`python3 -c 'import make_seeds; make_seeds.jinja_seeds()'` from the
+repository root with tests/fuzz on PYTHONPATH writes only the jinja ones.)
+
 Run from the repository root; the committed seeds came from the default
 model (models/SmolLM2-135M-Instruct.Q4_1.gguf). Seeds are small: the GGUF
 ones keep the model's own metadata but cut its vocabulary to the first 300
@@ -253,12 +256,32 @@ def tokenizer_seeds():
         put("t%02d" % i, "tokenizer", t)
 
 
+# ---- jinja: the chat templates test_chat renders, and the snippets ----
+
+def jinja_seeds():
+    d = "tests/golden/chat"
+    for i, name in enumerate(sorted(f for f in os.listdir(d) if f.endswith(".jinja"))):
+        with open(os.path.join(d, name), "rb") as f:
+            put("j%02d" % i, "jinja", bytes([i & 0x0f]) + f.read() + b"\0  Gr\xc3\xbc\xc3\x9fe \n")
+    with open(os.path.join(d, "snippets.txt"), "rb") as f:
+        b = f.read()
+    k = 0
+    while b:
+        head, _, b = b.partition(b"\n")
+        n = int(head.split(b" ")[1])
+        text, b = b[:n], b[n + 1:]
+        if head.startswith(b"tmpl "):
+            put("s%02d" % k, "jinja", bytes([k & 0x0f]) + text)
+            k += 1
+
+
 def main():
     model = sys.argv[1] if len(sys.argv) > 1 else "models/SmolLM2-135M-Instruct.Q4_1.gguf"
     gguf_seeds(model)
     ctrl_seeds()
     ring_seeds()
     tokenizer_seeds()
+    jinja_seeds()
 
 
 if __name__ == "__main__":
