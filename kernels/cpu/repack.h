@@ -12,29 +12,41 @@
  * One repacked block: sub-block k (32 elements) of eight weight rows, with
  * row i's values in 32-bit lane i of every vector the kernel loads, so one
  * broadcast dword of an activation block serves all eight rows:
- *   d[8]	f16 dw of each row (Q4_K, Q6_K: the super-block's d)
- *   m[8]	f16 mw (Q4_1), dmin (Q4_K), else 0
- *   ls[2][8]	K types only: integer scales of elements 0-15 and 16-31
- *		(Q6_K: its two scales; Q4_K: ls[0] the 6-bit scale, ls[1] the 6-bit min)
- *   qs		4-bit types (Q4_0, Q4_1, Q4_K): 4 vectors of 32 bytes, vector c
- *		lane i holding row i's elements 4c..4c+3 in the low nibbles and
- *		16+4c..16+4c+3 in the high ones, unsigned (Q4_0 keeps its +8);
- *		8-bit types (Q8_0, Q6_K): 8 vectors, vector g lane i holding row
- *		i's elements 4g..4g+3 as signed bytes (Q6_K's minus 32 applied).
+ *   d[8]	f16 dw of each row (K types and IQ4_XS: the super-block's d)
+ *   m[8]	f16 mw (Q4_1, Q5_1), dmin (Q4_K, Q5_K, Q2_K), else 0
+ *   ls[2][8]	K types and IQ4_XS only: integer scales of elements 0-15 and
+ *		16-31 (Q2_K, Q3_K, Q6_K: their two scales; IQ4_XS: its one,
+ *		twice; Q4_K, Q5_K: ls[0] the 6-bit scale, ls[1] the 6-bit min)
+ *   lm[2][8]	Q2_K only: the integer mins of elements 0-15 and 16-31
+ *   qs		4-bit types (Q4_0, Q4_1, Q4_K, IQ4_NL, IQ4_XS): 4 vectors of
+ *		32 bytes, vector c lane i holding row i's elements 4c..4c+3 in
+ *		the low nibbles and 16+4c..16+4c+3 in the high ones, unsigned
+ *		(Q4_0 keeps its +8; the IQ4 types their table indices, looked
+ *		up in the kernel); the other types (Q8_0, Q5_0, Q5_1, Q2_K,
+ *		Q3_K, Q5_K, Q6_K): 8 vectors, vector g lane i holding row i's
+ *		elements 4g..4g+3 as signed bytes (offsets such as Q6_K's minus
+ *		32 applied).
  */
 #define RP_OFF_M 16
 #define RP_OFF_LS 32
+#define RP_OFF_LM 48
 static inline int rp_is_k(uint32_t type)
 {
-	return type == KB_Q4_K || type == KB_Q6_K;
+	return type == KB_Q4_K || type == KB_Q6_K || type == KB_Q5_K || type == KB_Q3_K ||
+	       type == KB_Q2_K || type == KB_IQ4_XS;
 }
 static inline int rp_is_nib(uint32_t type)
 {
-	return type == KB_Q4_0 || type == KB_Q4_1 || type == KB_Q4_K;
+	return type == KB_Q4_0 || type == KB_Q4_1 || type == KB_Q4_K || type == KB_IQ4_NL ||
+	       type == KB_IQ4_XS;
+}
+static inline int rp_is_iq4(uint32_t type)
+{
+	return type == KB_IQ4_NL || type == KB_IQ4_XS;
 }
 static inline size_t rp_hdr_bytes(uint32_t type)
 {
-	return rp_is_k(type) ? 48 : 32;
+	return type == KB_Q2_K ? 64 : rp_is_k(type) ? 48 : 32;
 }
 static inline size_t rp_blk_bytes(uint32_t type)
 {
