@@ -44,6 +44,22 @@ static inline __m256i FN(sum_nib_)(const __m256i u[8], const int8_t *q)
 #endif
 }
 
+/* sum over four groups g of u[g] x s, for unsigned bytes below 32 (rp_is_u8()). */
+static inline __m256i FN(sum_u8x4_)(const __m256i u[4], const int8_t *q)
+{
+#if DOT_VNNI
+	__m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u[0], FN(bcast_)(q));
+	for (int g = 1; g < 4; g++)
+		s = _mm256_dpbusd_epi32(s, u[g], FN(bcast_)(q + 4 * g));
+	return s;
+#else
+	__m256i h = _mm256_maddubs_epi16(u[0], FN(bcast_)(q));
+	for (int g = 1; g < 4; g++)
+		h = _mm256_add_epi16(h, _mm256_maddubs_epi16(u[g], FN(bcast_)(q + 4 * g)));
+	return _mm256_madd_epi16(h, _mm256_set1_epi16(1));
+#endif
+}
+
 /* Four products of signed weight bytes w (magnitudes u) and activation bytes q, added to s. */
 static inline __m256i FN(dot_s8_)(__m256i s, __m256i u, __m256i w, const int8_t *q)
 {
@@ -60,7 +76,7 @@ static inline __m256i FN(dot_s8_)(__m256i s, __m256i u, __m256i w, const int8_t 
 /* The per-row factors of one repacked block: dw, the min coefficient mw, the integer scales and mins. */
 struct FN(hdr_) {
 	__m256 dw, mw;
-	__m256i ls0, ls1, lm0, lm1;
+	__m256i ls0, ls1, lm0;	/* lm0: Q2_K's two mins, int16 pairs */
 };
 
 static inline __attribute__((always_inline)) void FN(load_hdr_)(const uint8_t *b, struct FN(hdr_) *h,
@@ -69,7 +85,7 @@ static inline __attribute__((always_inline)) void FN(load_hdr_)(const uint8_t *b
 	const __m256 neg = _mm256_set1_ps(-0.0f);
 	h->dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b));
 	h->mw = _mm256_setzero_ps();
-	h->ls0 = h->ls1 = h->lm0 = h->lm1 = _mm256_setzero_si256();
+	h->ls0 = h->ls1 = h->lm0 = _mm256_setzero_si256();
 	if (rp_is_k(T)) {
 		h->ls0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + RP_OFF_LS)));
 		h->ls1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + RP_OFF_LS + 8)));
@@ -83,8 +99,10 @@ static inline __attribute__((always_inline)) void FN(load_hdr_)(const uint8_t *b
 	}
 	if (T == KB_Q2_K) {
 		h->mw = _mm256_xor_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + RP_OFF_M))), neg);
-		h->lm0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b + RP_OFF_LM)));
-		h->lm1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b + RP_OFF_LM + 8)));
+		/* lane i: (lm0, lm1) as two int16, for one madd with (qsum16[0], qsum16[1]) */
+		__m256i m0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b + RP_OFF_LM)));
+		__m256i m1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b + RP_OFF_LM + 8)));
+		h->lm0 = _mm256_or_si256(m0, _mm256_slli_epi32(m1, 16));
 	}
 }
 
@@ -101,6 +119,15 @@ static inline __attribute__((always_inline)) void FN(load_q_)(const uint8_t *q, 
 			__m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * c));
 			u[c] = _mm256_and_si256(v, m4);
 			u[c + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+		}
+		if (rp_is_5bit(T)) {
+			/* bit g of byte 4i + k to bit 4: a 16-bit shift keeps bits 4 and 12 in their bytes */
+			const __m256i b4 = _mm256_set1_epi8(0x10);
+			__m256i hb = _mm256_loadu_si256((const __m256i *)(q + 128));
+			for (int g = 0; g < 8; g++) {
+				__m256i t = g < 4 ? _mm256_slli_epi16(hb, 4 - g) : _mm256_srli_epi16(hb, g - 4);
+				u[g] = _mm256_or_si256(u[g], _mm256_and_si256(t, b4));
+			}
 		}
 		if (rp_is_iq4(T)) {
 			const __m256i tbl = _mm256_broadcastsi128_si256(
@@ -124,13 +151,29 @@ static inline __attribute__((always_inline)) __m256i FN(sub_sum_)(const __m256i 
 								  const struct blk_q8x *xb, const uint32_t T)
 {
 	__m256i s;
-	if (rp_is_nib(T) && !rp_is_iq4(T)) {
+	if (T == KB_Q4_0 || T == KB_Q4_1 || T == KB_Q4_K) {
 		s = FN(sum_nib_)(u, xb->qs);
 		if (T == KB_Q4_0)
 			s = _mm256_sub_epi32(s, _mm256_set1_epi32(8 * xb->qsum));
 		if (T == KB_Q4_K)
 			s = _mm256_mullo_epi32(s, h->ls0);
-	} else if (T == KB_Q6_K || T == KB_Q3_K || T == KB_Q2_K) {
+	} else if (rp_is_u8(T)) {
+		/* the two halves' sums, less the offsets the repacking added */
+		__m256i lo = FN(sum_u8x4_)(u, xb->qs), hi = FN(sum_u8x4_)(u + 4, xb->qs + 16);
+		if (T == KB_Q3_K) {
+			lo = _mm256_sub_epi32(lo, _mm256_set1_epi32(4 * xb->qsum16[0]));
+			hi = _mm256_sub_epi32(hi, _mm256_set1_epi32(4 * xb->qsum16[1]));
+		}
+		if (T == KB_Q2_K || T == KB_Q3_K) {
+			s = _mm256_add_epi32(_mm256_mullo_epi32(lo, h->ls0), _mm256_mullo_epi32(hi, h->ls1));
+		} else {
+			s = _mm256_add_epi32(lo, hi);
+			if (T == KB_Q5_0)
+				s = _mm256_sub_epi32(s, _mm256_set1_epi32(16 * xb->qsum));
+			if (T == KB_Q5_K)
+				s = _mm256_mullo_epi32(s, h->ls0);
+		}
+	} else if (T == KB_Q6_K) {
 		__m256i lo = _mm256_setzero_si256(), hi = lo;
 		for (int g = 0; g < 4; g++) {
 			lo = FN(dot_s8_)(lo, u[g], w[g], xb->qs + 4 * g);
@@ -141,7 +184,7 @@ static inline __attribute__((always_inline)) __m256i FN(sub_sum_)(const __m256i 
 		s = _mm256_setzero_si256();
 		for (int g = 0; g < 8; g++)
 			s = FN(dot_s8_)(s, u[g], w[g], xb->qs + 4 * g);
-		if (T == KB_Q5_K || T == KB_IQ4_XS)
+		if (T == KB_IQ4_XS)
 			s = _mm256_mullo_epi32(s, h->ls0);
 	}
 	return s;
@@ -173,9 +216,9 @@ static inline __attribute__((always_inline)) void FN(tile_)(
 			if (type_has_min(T))
 				acc[r] = _mm256_fmadd_ps(h.mw, _mm256_set1_ps(xb->s), acc[r]);
 			if (T == KB_Q2_K) {
-				__m256i m = _mm256_add_epi32(
-					_mm256_mullo_epi32(h.lm0, _mm256_set1_epi32(xb->qsum16[0])),
-					_mm256_mullo_epi32(h.lm1, _mm256_set1_epi32(xb->qsum16[1])));
+				int32_t qs2;
+				memcpy(&qs2, xb->qsum16, sizeof(qs2));
+				__m256i m = _mm256_madd_epi16(h.lm0, _mm256_set1_epi32(qs2));
 				acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m), _mm256_mul_ps(h.mw, dx), acc[r]);
 			}
 		}

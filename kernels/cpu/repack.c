@@ -78,19 +78,20 @@ static void pack_lane(uint32_t type, uint8_t *blk, int i, const void *row, size_
 	memcpy(blk + 2 * i, &d, 2);
 	memcpy(blk + RP_OFF_M + 2 * i, &m, 2);
 	pack_scales(type, blk, i, row, k, w);
-	if (rp_is_iq4(type)) {
-		for (int j = 0; j < 16; j++)
-			qs[32 * (j / 4) + 4 * i + j % 4] =
-				(uint8_t)(iq4_index(w->v[j]) | iq4_index(w->v[j + 16]) << 4);
-	} else if (rp_is_nib(type)) {
-		int off = type == KB_Q4_0 ? 8 : 0;
-		for (int j = 0; j < 16; j++)
-			qs[32 * (j / 4) + 4 * i + j % 4] =
-				(uint8_t)((w->v[j] + off) | (w->v[j + 16] + off) << 4);
-	} else {
+	if (!rp_is_nib(type)) {
 		for (int j = 0; j < 32; j++)
 			qs[32 * (j / 4) + 4 * i + j % 4] = (uint8_t)(int8_t)w->v[j];
+		return;
 	}
+	int u[32];
+	for (int j = 0; j < 32; j++)
+		u[j] = rp_is_iq4(type) ? iq4_index(w->v[j])
+				       : w->v[j] + (type == KB_Q4_0 ? 8 : rp_u8_off(type));
+	for (int j = 0; j < 16; j++)
+		qs[32 * (j / 4) + 4 * i + j % 4] = (uint8_t)((u[j] & 0xf) | (u[j + 16] & 0xf) << 4);
+	if (rp_is_5bit(type))
+		for (int j = 0; j < 32; j++)
+			qs[128 + 4 * i + j % 4] |= (uint8_t)((u[j] >> 4) << (j / 4));
 }
 
 void rp_pack(uint32_t type, const void *rows, size_t row_bytes, uint32_t nrows, size_t nblk,
