@@ -107,8 +107,9 @@ static inline __attribute__((always_inline)) void FN(load_hdr_)(const uint8_t *b
 }
 
 /*
- * The weight bytes of one repacked block: u[g] unsigned (the magnitudes, for
- * signed types), w[g] the signed bytes of the types that are not plain nibbles.
+ * The weights of one repacked block, group g of 4 elements per vector:
+ * u[g] unsigned (the magnitudes, for signed types), w[g] the signed values
+ * of Q8_0, Q6_K and the IQ4 types (unset for the others).
  */
 static inline __attribute__((always_inline)) void FN(load_q_)(const uint8_t *q, __m256i u[8],
 							       __m256i w[8], const uint32_t T)

@@ -114,7 +114,8 @@ _Static_assert(sizeof(struct blk_q6_k) == 210, "q6_k");
  * d and s hold f16-representable values (like ggml's q8_0/q8_1 blocks).
  * qsum = sum(qs) exactly, for kernels that take unsigned weights with an
  * offset (Q4_0's nibble - 8) out of the integer sum; qsum16 the sums of
- * elements 0-15 and 16-31, for Q2_K's min of each 16.
+ * elements 0-15 and 16-31, for Q2_K's min of each 16 and the offset the
+ * repacking gives Q3_K's values (kernels/cpu/repack.h).
  */
 struct blk_q8x {
 	float d;
