@@ -9,7 +9,7 @@ void dot_q_generic(uint32_t type, const void *row, const struct blk_q8x *x, size
 		   int nr, size_t nblk, float *out, size_t out_stride)
 {
 	float acc[DOT_MAX_NR] = {0};
-	int has_min = type_has_min(type);
+	int has_min = type_has_min(type), has_min16 = type_has_min16(type);
 	struct wsub w;
 	for (size_t k = 0; k < nblk; k++) {
 		unpack_wsub(type, row, k, &w);
@@ -25,6 +25,10 @@ void dot_q_generic(uint32_t type, const void *row, const struct blk_q8x *x, size
 			acc[r] = fmaf((float)s, w.dw * xb->d, acc[r]);
 			if (has_min)
 				acc[r] = fmaf(w.mw, xb->s, acc[r]);
+			if (has_min16) {
+				int32_t m = w.lm[0] * xb->qsum16[0] + w.lm[1] * xb->qsum16[1];
+				acc[r] = fmaf((float)m, w.mw * xb->d, acc[r]);
+			}
 		}
 	}
 	for (int r = 0; r < nr; r++)

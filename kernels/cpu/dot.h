@@ -12,8 +12,8 @@
  * The arithmetic every quantized kernel shares (struct wsub): per output,
  * one float accumulator a, and for each 32-element sub-block k in order
  *   a = fma((float)S_k, dw_k * dx_k, a);  then, for types with a min,
- *   a = fma(mw_k, s_x_k, a)
- * with S_k the exact int32 sub-block sum. The integer part may be summed in
+ *   a = fma(mw_k, s_x_k, a)	(Q2_K: a = fma((float)M_k, mw_k * dx_k, a))
+ * with S_k (and M_k) the exact int32 sub-block sums. The integer part may be summed in
  * any order (it is exact), the float part may not: so the portable and the
  * SIMD kernels agree bit for bit, and how many rows share a call changes
  * nothing.

@@ -59,10 +59,12 @@ static void quantize_row_q8x_avx2(const float *x, struct blk_q8x *y, size_t n)
 		float amax = _mm_cvtss_f32(h);
 		float d = amax / 127.0f;
 		float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-		__m256i q[4], sum = _mm256_setzero_si256();
+		__m256i q[4], sum = _mm256_setzero_si256(), lo;
 		for (int i = 0; i < 4; i++) {
 			q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(id)));
 			sum = _mm256_add_epi32(sum, q[i]);
+			if (i == 1)
+				lo = sum;	/* elements 0-15 */
 		}
 		__m256i b = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
 		_mm256_storeu_si256((__m256i *)y[k].qs, _mm256_permutevar8x32_epi32(b, order));
@@ -70,6 +72,12 @@ static void quantize_row_q8x_avx2(const float *x, struct blk_q8x *y, size_t n)
 		s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
 		s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
 		int isum = _mm_cvtsi128_si32(s);
+		__m128i t = _mm_add_epi32(_mm256_castsi256_si128(lo), _mm256_extracti128_si256(lo, 1));
+		t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
+		t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
+		int ilo = _mm_cvtsi128_si32(t);
+		y[k].qsum16[0] = (int16_t)ilo;
+		y[k].qsum16[1] = (int16_t)(isum - ilo);
 		__m128 ds = _mm_setr_ps(d, d * (float)isum, 0.0f, 0.0f);
 		ds = _mm_cvtph_ps(_mm_cvtps_ph(ds, _MM_FROUND_TO_NEAREST_INT));
 		y[k].d = _mm_cvtss_f32(ds);

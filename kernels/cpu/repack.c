@@ -5,7 +5,7 @@
 #include "kernels/cpu/quant.h"
 #include "kernels/cpu/repack.h"
 
-/* The raw f16 scale fields of sub-block k of a row: d, and m (Q4_1's m, Q4_K's dmin). */
+/* The raw f16 scale fields of sub-block k of a row: d, and m (Q4_1/Q5_1's m, the K types' dmin). */
 static void raw_scales(uint32_t type, const void *row, size_t k, uint16_t *d, uint16_t *m)
 {
 	*m = 0;
@@ -15,13 +15,59 @@ static void raw_scales(uint32_t type, const void *row, size_t k, uint16_t *d, ui
 		*d = ((const struct blk_q4_1 *)row)[k].d;
 		*m = ((const struct blk_q4_1 *)row)[k].m;
 		break;
+	case KB_Q5_0: *d = ((const struct blk_q5_0 *)row)[k].d; break;
+	case KB_Q5_1:
+		*d = ((const struct blk_q5_1 *)row)[k].d;
+		*m = ((const struct blk_q5_1 *)row)[k].m;
+		break;
 	case KB_Q8_0: *d = ((const struct blk_q8_0 *)row)[k].d; break;
+	case KB_Q2_K:
+		*d = ((const struct blk_q2_k *)row)[k / 8].d;
+		*m = ((const struct blk_q2_k *)row)[k / 8].dmin;
+		break;
+	case KB_Q3_K: *d = ((const struct blk_q3_k *)row)[k / 8].d; break;
 	case KB_Q4_K:
 		*d = ((const struct blk_q4_k *)row)[k / 8].d;
 		*m = ((const struct blk_q4_k *)row)[k / 8].dmin;
 		break;
+	case KB_Q5_K:
+		*d = ((const struct blk_q5_k *)row)[k / 8].d;
+		*m = ((const struct blk_q5_k *)row)[k / 8].dmin;
+		break;
+	case KB_IQ4_NL: *d = ((const struct blk_iq4_nl *)row)[k].d; break;
+	case KB_IQ4_XS: *d = ((const struct blk_iq4_xs *)row)[k / 8].d; break;
 	default: *d = ((const struct blk_q6_k *)row)[k / 8].d; break;
 	}
+}
+
+/* The integer scales of lane i: ls[0], ls[1] (Q4_K/Q5_K: scale and min), Q2_K's mins. */
+static void pack_scales(uint32_t type, uint8_t *blk, int i, const void *row, size_t k,
+			const struct wsub *w)
+{
+	if (type == KB_Q4_K || type == KB_Q5_K) {
+		uint8_t sc, mn;
+		const uint8_t *s = type == KB_Q4_K ? ((const struct blk_q4_k *)row)[k / 8].scales
+						   : ((const struct blk_q5_k *)row)[k / 8].scales;
+		q4k_scale_min(s, (int)(k % 8), &sc, &mn);
+		blk[RP_OFF_LS + i] = sc;
+		blk[RP_OFF_LS + 8 + i] = mn;
+	} else if (rp_is_k(type)) {
+		blk[RP_OFF_LS + i] = (uint8_t)(int8_t)w->ls[0];
+		blk[RP_OFF_LS + 8 + i] = (uint8_t)(int8_t)w->ls[4];
+	}
+	if (type == KB_Q2_K) {
+		blk[RP_OFF_LM + i] = (uint8_t)w->lm[0];
+		blk[RP_OFF_LM + 8 + i] = (uint8_t)w->lm[1];
+	}
+}
+
+/* The table index of an IQ4 value (the levels are distinct). */
+static int iq4_index(int v)
+{
+	for (int j = 0; j < 16; j++)
+		if (iq4nl_values[j] == v)
+			return j;
+	return 0;
 }
 
 /* Row i's sub-block into lane i of one repacked block. */
@@ -31,24 +77,21 @@ static void pack_lane(uint32_t type, uint8_t *blk, int i, const void *row, size_
 	uint8_t *qs = blk + rp_hdr_bytes(type);
 	memcpy(blk + 2 * i, &d, 2);
 	memcpy(blk + RP_OFF_M + 2 * i, &m, 2);
-	if (type == KB_Q4_K) {
-		uint8_t sc, mn;
-		q4k_scale_min(((const struct blk_q4_k *)row)[k / 8].scales, (int)(k % 8), &sc, &mn);
-		blk[RP_OFF_LS + i] = sc;
-		blk[RP_OFF_LS + 8 + i] = mn;
-	} else if (type == KB_Q6_K) {
-		blk[RP_OFF_LS + i] = (uint8_t)(int8_t)w->ls[0];
-		blk[RP_OFF_LS + 8 + i] = (uint8_t)(int8_t)w->ls[4];
-	}
-	if (rp_is_nib(type)) {
-		int off = type == KB_Q4_0 ? 8 : 0;
-		for (int j = 0; j < 16; j++)
-			qs[32 * (j / 4) + 4 * i + j % 4] =
-				(uint8_t)((w->v[j] + off) | (w->v[j + 16] + off) << 4);
-	} else {
+	pack_scales(type, blk, i, row, k, w);
+	if (!rp_is_nib(type)) {
 		for (int j = 0; j < 32; j++)
 			qs[32 * (j / 4) + 4 * i + j % 4] = (uint8_t)(int8_t)w->v[j];
+		return;
 	}
+	int u[32];
+	for (int j = 0; j < 32; j++)
+		u[j] = rp_is_iq4(type) ? iq4_index(w->v[j])
+				       : w->v[j] + (type == KB_Q4_0 ? 8 : rp_u8_off(type));
+	for (int j = 0; j < 16; j++)
+		qs[32 * (j / 4) + 4 * i + j % 4] = (uint8_t)((u[j] & 0xf) | (u[j + 16] & 0xf) << 4);
+	if (rp_is_5bit(type))
+		for (int j = 0; j < 32; j++)
+			qs[128 + 4 * i + j % 4] |= (uint8_t)((u[j] >> 4) << (j / 4));
 }
 
 void rp_pack(uint32_t type, const void *rows, size_t row_bytes, uint32_t nrows, size_t nblk,
