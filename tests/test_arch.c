@@ -44,7 +44,6 @@ enum expect { RUN, REFUSED };
 #define KLD_F16 1e-4
 #define KLD_Q 1e-3		/* 32-element types */
 #define KLD_K 1e-2		/* K-quants, IQ4_XS */
-#define KLD_K_LOW 3e-2		/* Q2_K, Q3_K: coarser weights amplify the activation difference */
 /* Top-2 gaps (nats) under which a different argmax is rounding, not error. */
 #define GAP_F32 1e-3f
 #define GAP_Q 0.1f
@@ -77,15 +76,15 @@ static const struct arch_case CASES[] = {
 	{ "llama-q4_0",      RUN,     NULL,              KLD_Q,     GAP_Q,   0 },
 	{ "llama-q4_1",      RUN,     NULL,              KLD_Q,     GAP_Q,   0 },
 	{ "llama-q8_0",      RUN,     NULL,              KLD_Q,     GAP_Q,   0 },
-	{ "llama-q5_0",      REFUSED, "tensor type 6",   KLD_Q,     GAP_Q,   0 },
-	{ "llama-q5_1",      REFUSED, "tensor type 7",   KLD_Q,     GAP_Q,   0 },
-	{ "llama-iq4_nl",    REFUSED, "tensor type 20",  KLD_Q,     GAP_Q,   0 },
+	{ "llama-q5_0",      RUN,     NULL,              KLD_Q,     GAP_Q,   0 },
+	{ "llama-q5_1",      RUN,     NULL,              KLD_Q,     GAP_Q,   0 },
+	{ "llama-iq4_nl",    RUN,     NULL,              KLD_Q,     GAP_Q,   0 },
 	{ "llama-q4_k",      RUN,     NULL,              KLD_K,     GAP_K,   0 },
 	{ "llama-q6_k",      RUN,     NULL,              KLD_K,     GAP_K,   0 },
-	{ "llama-q5_k",      REFUSED, "tensor type 13",  KLD_K,     GAP_K,   0 },
-	{ "llama-q3_k",      REFUSED, "tensor type 11",  KLD_K_LOW, GAP_K,   0 },
-	{ "llama-q2_k",      REFUSED, "tensor type 10",  KLD_K_LOW, GAP_K,   0 },
-	{ "llama-iq4_xs",    REFUSED, "tensor type 23",  KLD_K,     GAP_K,   0 },
+	{ "llama-q5_k",      RUN,     NULL,              KLD_K,     GAP_K,   0 },
+	{ "llama-q3_k",      RUN,     NULL,              KLD_K,     GAP_K,   0 },
+	{ "llama-q2_k",      RUN,     NULL,              KLD_K,     GAP_K,   0 },
+	{ "llama-iq4_xs",    RUN,     NULL,              KLD_K,     GAP_K,   0 },
 };
 #define N_CASES (sizeof(CASES) / sizeof(CASES[0]))
 
