@@ -1015,6 +1015,161 @@ static void test_swiglu(void **state)
 	be->ops->destroy(be);
 }
 
+/* ---- 5b. the optional row ops: add_bias, scale, softcap, geglu ---- */
+
+enum { SO_N = 6, SO_DIM = 1531 };
+
+/* Which optional op so_run() calls. */
+enum so_op { SO_BIAS, SO_SCALE, SO_SOFTCAP, SO_GEGLU };
+
+/* out (n, SO_DIM) = op over rows in (n, SO_DIM) (gate for geglu), p the bias/up rows or s the factor. */
+static void so_run(struct backend *be, enum so_op op, float *out, const float *in, const float *p,
+		   float s, uint32_t n)
+{
+	memcpy(out, in, sizeof(float) * n * SO_DIM);
+	switch (op) {
+	case SO_BIAS: assert_int_equal(be->ops->add_bias(be, out, p, n, SO_DIM), 0); break;
+	case SO_SCALE: assert_int_equal(be->ops->scale(be, out, s, n, SO_DIM), 0); break;
+	case SO_SOFTCAP: assert_int_equal(be->ops->softcap(be, out, s, n, SO_DIM), 0); break;
+	case SO_GEGLU: assert_int_equal(be->ops->geglu(be, out, out, p, n, SO_DIM), 0); break;
+	}
+}
+
+/* Each row alone, on 1 and on 2 threads, gives the bits the whole batch gave it. */
+static void so_invariant(struct backend *const be[2], enum so_op op, const float *in,
+			 const float *p, float s, const float *batch)
+{
+	float *one = malloc(sizeof(float) * SO_DIM);
+	assert_non_null(one);
+	for (int b = 0; b < 2; b++)
+		for (uint32_t r = 0; r < SO_N; r++) {
+			const float *pr = op == SO_GEGLU ? p + (size_t)r * SO_DIM : p;
+			so_run(be[b], op, one, in + (size_t)r * SO_DIM, pr, s, 1);
+			if (memcmp(one, batch + (size_t)r * SO_DIM, sizeof(float) * SO_DIM))
+				fail_msg("op %d row %u alone on %u threads differs from the batch", op, r,
+					 be[b]->n_threads);
+		}
+	free(one);
+}
+
+static void test_bias_scale_softcap(void **state)
+{
+	(void)state;
+	static float x[SO_N * SO_DIM], out[SO_N * SO_DIM], bias[SO_DIM];
+	struct backend *be[2];
+	assert_int_equal(backend_cpu_create(&be[0], 1), 0);
+	assert_int_equal(backend_cpu_create(&be[1], 2), 0);
+	rng_seed(55);
+	for (int i = 0; i < SO_N * SO_DIM; i++)	/* wide enough for tanh to saturate */
+		x[i] = rng_f(-60.0f, 60.0f);
+	for (int i = 0; i < SO_DIM; i++)
+		bias[i] = rng_f(-3.0f, 3.0f);
+	/* add_bias and scale are one f32 rounding each: exact. */
+	so_run(be[1], SO_BIAS, out, x, bias, 0, SO_N);
+	for (int i = 0; i < SO_N * SO_DIM; i++)
+		if (out[i] != (float)((double)x[i] + bias[i % SO_DIM]))
+			fail_msg("add_bias [%d]: %a + %a = %a", i, (double)x[i], (double)bias[i % SO_DIM],
+				 (double)out[i]);
+	so_invariant(be, SO_BIAS, x, bias, 0, out);
+	const float s = 24.0f / 1.0e3f;	/* Gemma's sqrt(dim) is no power of two either */
+	so_run(be[1], SO_SCALE, out, x, NULL, s, SO_N);
+	for (int i = 0; i < SO_N * SO_DIM; i++)
+		if (out[i] != (float)((double)x[i] * s))
+			fail_msg("scale [%d]: %a * %a = %a", i, (double)x[i], (double)s, (double)out[i]);
+	so_invariant(be, SO_SCALE, x, NULL, s, out);
+	static const float caps[] = { 30.0f, 50.0f, 7.5f };
+	for (size_t c = 0; c < sizeof(caps) / sizeof(caps[0]); c++) {
+		const float cap = caps[c], inv = 1.0f / cap;
+		so_run(be[1], SO_SOFTCAP, out, x, NULL, cap, SO_N);
+		for (int i = 0; i < SO_N * SO_DIM; i++) {
+			double want = cap * tanh(x[i] / (double)cap);
+			/* ggml's steps: x * (1/cap), tanhf, * cap; 1/cap and three roundings, tanhf ~1 ulp */
+			float steps = tanhf(x[i] * inv) * cap;
+			if (fbits(out[i]) != fbits(steps))
+				fail_msg("softcap %g [%d]: %a, tanhf(x * (1/cap)) * cap is %a", (double)cap, i,
+					 (double)out[i], (double)steps);
+			if (fabs(out[i] - want) > 5e-7 * fabs(want) + 1e-30)
+				fail_msg("softcap %g (%a) = %.9g want %.9g", (double)cap, (double)x[i],
+					 (double)out[i], want);
+		}
+		so_invariant(be, SO_SOFTCAP, x, NULL, cap, out);
+	}
+	assert_int_equal(be[1]->ops->softcap(be[1], out, 0.0f, 1, SO_DIM), -EINVAL);
+	assert_int_equal(be[1]->ops->softcap(be[1], out, -30.0f, 1, SO_DIM), -EINVAL);
+	be[0]->ops->destroy(be[0]);
+	be[1]->ops->destroy(be[1]);
+}
+
+/* GELU's tanh form in double. */
+static double gelu_ref(double x)
+{
+	return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * x * (1.0 + 0.044715 * x * x)));
+}
+
+/*
+ * geglu follows ggml's f32 CPU kernel: 0 at gate <= -10, gate * up at
+ * gate >= 10, else the f16 table of GELU at the gate's f16. Checked
+ * against that recipe bit for bit, and against the formula in double
+ * within what the two f16 roundings allow.
+ */
+static void test_geglu(void **state)
+{
+	(void)state;
+	static float gate[SO_N * SO_DIM], up[SO_N * SO_DIM], out[SO_N * SO_DIM];
+	struct backend *be[2];
+	double worst = 0.0;
+	assert_int_equal(backend_cpu_create(&be[0], 1), 0);
+	assert_int_equal(backend_cpu_create(&be[1], 2), 0);
+	rng_seed(56);
+	for (int i = 0; i < SO_N * SO_DIM; i++) {
+		gate[i] = i % 97 == 0 ? (i % 2 ? 10.0f : -10.0f) : rng_f(-12.0f, 12.0f);
+		up[i] = rng_f(-2.0f, 2.0f);
+	}
+	gate[1] = 1e-6f;	/* a subnormal f16 */
+	gate[2] = -3e-8f;
+	so_run(be[1], SO_GEGLU, out, gate, up, 0, SO_N);
+	for (int i = 0; i < SO_N * SO_DIM; i++) {
+		float g = gate[i], steps;
+		if (g <= -10.0f)
+			steps = 0.0f;
+		else if (g >= 10.0f)
+			steps = g * up[i];
+		else
+			steps = fp16_round(ops_gelu_f32(fp16_round(g))) * up[i];
+		if (fbits(out[i]) != fbits(steps))
+			fail_msg("geglu(%a, %a) = %a, ggml's recipe gives %a", (double)g, (double)up[i],
+				 (double)out[i], (double)steps);
+		double want = gelu_ref(g) * up[i];
+		/* the gate's f16 (GELU' < 1.13), the result's f16 (2^-24 apart when subnormal), one f32 product */
+		double tol = (1.13 * fabs(g) * 0x1p-11 + fabs(gelu_ref(g)) * 0x1p-11 + 0x1p-24) *
+			     fabs(up[i]);
+		if (fabs(out[i] - want) > tol)
+			fail_msg("geglu(%a, %a) = %.9g want %.9g", (double)g, (double)up[i],
+				 (double)out[i], want);
+		if (fabs(gelu_ref(g)) > 1e-3)	/* not the cancelled tail of negative gates */
+			worst = fmax(worst, fabs(out[i] - want) / fabs(want));
+	}
+	/*
+	 * The formula the table holds, in f32: a few ulps of the double one,
+	 * but 1 + tanh cancels for negative gates (an ulp of 1 times |x| / 2).
+	 */
+	for (int i = 0; i < 20000; i++) {
+		float g = rng_f(-10.0f, 10.0f);
+		double want = gelu_ref(g);
+		if (fabs(ops_gelu_f32(g) - want) > 1e-6 * fabs(want) + fabs(g) * 0x1p-24)
+			fail_msg("gelu_f32(%a) = %.9g want %.9g", (double)g, (double)ops_gelu_f32(g), want);
+	}
+	so_invariant(be, SO_GEGLU, gate, up, 0, out);
+	/* Out of place gives what in place gave. */
+	static float sep[SO_N * SO_DIM];
+	assert_int_equal(be[0]->ops->geglu(be[0], sep, gate, up, SO_N, SO_DIM), 0);
+	assert_memory_equal(sep, out, sizeof(sep));
+	printf("geglu: max relative error against the formula in double %.3g where |gelu| > 1e-3 (f16 table)\n",
+	       worst);
+	be[0]->ops->destroy(be[0]);
+	be[1]->ops->destroy(be[1]);
+}
+
 static void test_fast_expf(void **state)
 {
 	(void)state;
@@ -1068,7 +1223,7 @@ static void test_rope(void **state)
 			x0[i] = x[i] = rng_f(-1.0f, 1.0f);
 		assert_int_equal(be->ops->rope(be, x, pos, N, NH, HD, &KB_ROPE_PLAIN(rot, cfg[c].theta, cfg[c].neox)), 0);
 		for (int r = 0; r < N; r++) {
-			ops_rope_table(cs, pos[r], rot, cfg[c].theta);
+			ops_rope_table(cs, pos[r], &KB_ROPE_PLAIN(rot, cfg[c].theta, cfg[c].neox), NULL);
 			for (uint32_t i = 0; i < half; i++) {
 				double a = pos[r] * pow(cfg[c].theta, -2.0 * i / rot);
 				if (fabs(cs[2 * i] - cos(a)) > rope_tol(pos[r]) ||
@@ -1112,6 +1267,147 @@ static void test_rope(void **state)
 	assert_int_equal(be->ops->rope(be, x, pos, 1, NH, HD, &KB_ROPE_PLAIN(HD + 2, 10000.0f, 0)), -EINVAL);
 	assert_int_equal(be->ops->rope(be, x, pos, 1, NH, HD, &KB_ROPE_PLAIN(31, 10000.0f, 0)), -EINVAL);
 	be->ops->destroy(be);
+}
+
+/*
+ * ggml's rope by hand, in double: pair i's angle pos * theta^(-2i / rot)
+ * over its factor, times freq_scale, mixed back toward the unscaled angle
+ * by ext_factor times YaRN's ramp (1 below corr_lo, 0 above corr_hi); cos
+ * and sin times attn_factor, and with YaRN times 1 + 0.1 ln(1 / freq_scale).
+ */
+static void rope_want(double *c, double *s, uint32_t pos, uint32_t i, const struct kb_rope *rp)
+{
+	double e = pos * pow(rp->theta, -2.0 * i / rp->rot_dim), m = rp->attn_factor;
+	if (rp->h_freq_factors)
+		e /= rp->h_freq_factors[i];
+	double a = rp->freq_scale * e;
+	if (rp->ext_factor != 0.0f) {
+		double y = (i - (double)rp->corr_lo) / fmax(0.001, (double)rp->corr_hi - rp->corr_lo);
+		double mix = (1.0 - fmin(1.0, fmax(0.0, y))) * rp->ext_factor;
+		a = a * (1.0 - mix) + e * mix;
+		m *= 1.0 + 0.1 * log(1.0 / rp->freq_scale);
+	}
+	*c = cos(a) * m;
+	*s = sin(a) * m;
+}
+
+enum { RS_NH = 2, RS_HD = 64, RS_N = 9 };
+
+/* x (RS_N, RS_NH, RS_HD) turned by rp on a backend of its own (a cold cos/sin table). */
+static void rope_fresh(float *x, const uint32_t *pos, const struct kb_rope *rp)
+{
+	struct backend *be;
+	assert_int_equal(backend_cpu_create(&be, 1), 0);
+	assert_int_equal(be->ops->rope(be, x, pos, RS_N, RS_NH, RS_HD, rp), 0);
+	be->ops->destroy(be);
+}
+
+/* in turned by rp on be equals the hand computation, and a fresh backend's result bit for bit. */
+static void rope_check(struct backend *be, const float *in, const uint32_t *pos,
+		       const struct kb_rope *rp, const char *what)
+{
+	static float x[RS_N * RS_NH * RS_HD], y[RS_N * RS_NH * RS_HD];
+	const uint32_t half = rp->rot_dim / 2;
+	memcpy(x, in, sizeof(x));
+	memcpy(y, in, sizeof(y));
+	assert_int_equal(be->ops->rope(be, x, pos, RS_N, RS_NH, RS_HD, rp), 0);
+	rope_fresh(y, pos, rp);
+	if (memcmp(x, y, sizeof(x)))
+		fail_msg("rope %s: a warm table differs from a fresh one", what);
+	for (int r = 0; r < RS_N; r++)
+		for (int h = 0; h < RS_NH; h++) {
+			const float *a = in + (r * RS_NH + h) * RS_HD, *o = x + (r * RS_NH + h) * RS_HD;
+			for (uint32_t i = 0; i < half; i++) {
+				uint32_t i0 = rp->neox ? i : 2 * i, i1 = rp->neox ? i + half : 2 * i + 1;
+				double c, s;
+				rope_want(&c, &s, pos[r], i, rp);
+				double w0 = a[i0] * c - a[i1] * s, w1 = a[i0] * s + a[i1] * c;
+				/* the f32 running angle (rope_tol), then scaled by at most 1; f32 magnitudes */
+				double tol = (rope_tol(pos[r]) + 1e-6) * (fabs(a[i0]) + fabs(a[i1])) *
+					     fmax(1.0, sqrt(c * c + s * s));
+				if (fabs(o[i0] - w0) > tol || fabs(o[i1] - w1) > tol)
+					fail_msg("rope %s pos %u head %d pair %u: (%.9g, %.9g) want (%.9g, %.9g)",
+						 what, pos[r], h, i, (double)o[i0], (double)o[i1], w0, w1);
+			}
+			assert_memory_equal(o + rp->rot_dim, a + rp->rot_dim,
+					    sizeof(float) * (RS_HD - rp->rot_dim));
+		}
+}
+
+/*
+ * Frequency factors, linear and YaRN scaling against the hand computation;
+ * the cos/sin table follows a change of any one parameter (a warm backend
+ * must give a cold one's bits), the factors' values at the same pointer
+ * included; rows alone and on either thread count give the batch's bits.
+ */
+static void test_rope_scaled(void **state)
+{
+	(void)state;
+	static float in[RS_N * RS_NH * RS_HD], x[RS_N * RS_NH * RS_HD], one[RS_NH * RS_HD];
+	static const uint32_t pos[RS_N] = { 0, 1, 2, 9, 100, 511, 2047, 4000, 8191 };
+	float ff[RS_HD / 2];
+	struct backend *be[2];
+	assert_int_equal(backend_cpu_create(&be[0], 1), 0);
+	assert_int_equal(backend_cpu_create(&be[1], 2), 0);
+	rng_seed(57);
+	for (size_t i = 0; i < sizeof(in) / sizeof(in[0]); i++)
+		in[i] = rng_f(-1.0f, 1.0f);
+	for (int i = 0; i < RS_HD / 2; i++)	/* Llama 3's shape: 1 for high frequencies, up to 8 */
+		ff[i] = i < 12 ? 1.0f : i < 20 ? 1.0f + (float)(i - 12) : 8.0f;
+	struct kb_rope base = KB_ROPE_PLAIN(48, 500000.0f, 0);
+	rope_check(be[1], in, pos, &base, "plain");
+	struct kb_rope r = base;
+	r.freq_factors = r.h_freq_factors = ff;
+	rope_check(be[1], in, pos, &r, "factors");
+	ff[20] = 3.5f;	/* the same buffer, one factor changed */
+	rope_check(be[1], in, pos, &r, "factors changed in place");
+	r.freq_scale = 0.25f;
+	rope_check(be[1], in, pos, &r, "factors + linear");
+	r = base;
+	r.freq_scale = 0.25f;
+	r.neox = 1;
+	rope_check(be[1], in, pos, &r, "linear neox");
+	/* YaRN: pairs below corr_lo keep the unscaled angle, pairs above corr_hi are interpolated. */
+	r.ext_factor = 1.0f;
+	r.corr_lo = 5.0f;
+	r.corr_hi = 13.0f;
+	rope_check(be[1], in, pos, &r, "yarn");
+	struct { float *f; float v; const char *what; } steps[] = {
+		{ &r.ext_factor, 0.6f, "yarn ext_factor" }, { &r.attn_factor, 0.9f, "yarn attn_factor" },
+		{ &r.corr_lo, 3.0f, "yarn corr_lo" }, { &r.corr_hi, 20.0f, "yarn corr_hi" },
+		{ &r.freq_scale, 0.125f, "yarn freq_scale" }, { &r.theta, 10000.0f, "yarn theta" },
+	};
+	for (size_t i = 0; i < sizeof(steps) / sizeof(steps[0]); i++) {
+		*steps[i].f = steps[i].v;
+		rope_check(be[1], in, pos, &r, steps[i].what);
+	}
+	r.freq_factors = r.h_freq_factors = ff;
+	rope_check(be[1], in, pos, &r, "yarn + factors");
+	r.rot_dim = 64;
+	rope_check(be[1], in, pos, &r, "yarn + factors, rot_dim 64");
+	/* Two settings in turn (layers that alternate), then a third: every table still right. */
+	for (int k = 0; k < 3; k++) {
+		rope_check(be[1], in, pos, &base, "alternating, plain");
+		rope_check(be[1], in, pos, &r, "alternating, yarn");
+	}
+	ff[3] = 0.5f;
+	rope_check(be[1], in, pos, &r, "alternating, factors changed in place");
+	rope_check(be[1], in, pos, &base, "alternating, plain again");
+	/* Batch invariance: each row alone, on 1 and 2 threads. */
+	memcpy(x, in, sizeof(x));
+	assert_int_equal(be[1]->ops->rope(be[1], x, pos, RS_N, RS_NH, RS_HD, &r), 0);
+	for (int b = 0; b < 2; b++)
+		for (int i = RS_N - 1; i >= 0; i--) {
+			memcpy(one, in + i * RS_NH * RS_HD, sizeof(one));
+			assert_int_equal(be[b]->ops->rope(be[b], one, pos + i, 1, RS_NH, RS_HD, &r), 0);
+			if (memcmp(one, x + i * RS_NH * RS_HD, sizeof(one)))
+				fail_msg("rope yarn: row %d alone on %u threads differs from the batch", i,
+					 be[b]->n_threads);
+		}
+	r.freq_scale = 0.0f;
+	assert_int_equal(be[1]->ops->rope(be[1], x, pos, 1, RS_NH, RS_HD, &r), -EINVAL);
+	be[0]->ops->destroy(be[0]);
+	be[1]->ops->destroy(be[1]);
 }
 
 /* ---- 6. attention ---- */
@@ -1332,6 +1628,190 @@ static void test_attention(void **state)
 	be[0]->ops->destroy(be[0]);
 	be[1]->ops->destroy(be[1]);
 	free(wts);
+}
+
+/* ---- 6b. sliding window and soft-capping ---- */
+
+#define WC_P 80		/* positions cached, every one queried */
+#define WC_BT 16	/* block tokens: the window crosses blocks */
+#define WC_KVH 2
+
+/* Element e of position p's K (which 0) or V (1) row, exactly as the cache holds it. */
+static double wc_elem(const struct kb_kv_view *kv, int which, uint32_t p, uint32_t e)
+{
+	const uint8_t *row = kb_kv_row(kv, which, p);
+	if (kv->type == KB_F32)
+		return ((const float *)row)[e];
+	if (kv->type == KB_F16)
+		return half_ref(((const uint16_t *)row)[e]);
+	const struct blk_q8_0 *b = (const struct blk_q8_0 *)row + e / QK;
+	return half_ref(b->d) * b->qs[e % QK];
+}
+
+/*
+ * Row at pos, one query head (kv head kvh) against the double formula: the
+ * positions pos - window < q <= pos, scores cap * tanh(q.k / cap) * scale
+ * (the cap on the raw product, the scale after, as llama.cpp's graph
+ * does), softmax, weighted V. Returns the error relative to sum w|v|.
+ */
+static double wc_check_head(const float *q, const float *o, const struct kb_kv_view *kv,
+			    uint32_t pos, uint32_t kvh, const struct kb_attn_shape *sh, double tol)
+{
+	const uint32_t hd = sh->head_dim;
+	const uint32_t p0 = sh->window && pos + 1 > sh->window ? pos + 1 - sh->window : 0;
+	double w[WC_P], mx = -INFINITY, sum = 0.0, worst = 0.0;
+	for (uint32_t p = p0; p <= pos; p++) {
+		double d = 0.0;
+		for (uint32_t i = 0; i < hd; i++)	/* Q as the f16 and q8_0 caches take it */
+			d += (kv->type == KB_F32 ? q[i] : fp16_round(q[i])) * wc_elem(kv, 0, p, kvh * hd + i);
+		if (sh->softcap != 0.0f)
+			d = sh->softcap * tanh(d / sh->softcap);
+		w[p] = d * sh->scale;
+		mx = fmax(mx, w[p]);
+	}
+	for (uint32_t p = p0; p <= pos; p++)
+		sum += (w[p] = exp(w[p] - mx));
+	for (uint32_t i = 0; i < hd; i++) {
+		double want = 0.0, mag = 0.0, vsum = 0.0;
+		for (uint32_t p = p0; p <= pos; p++) {
+			double v = wc_elem(kv, 1, p, kvh * hd + i);
+			want += w[p] / sum * v;
+			mag += w[p] / sum * fabs(v);
+			vsum += fabs(v);
+		}
+		/* f16 weights below 2^-14 are subnormal: 2^-25 absolute each */
+		double sub = kv->type == KB_F32 ? 0.0 : 0x1p-25 * vsum;
+		if (fabs(o[i] - want) > tol * mag + sub + 1e-30)
+			fail_msg("window %u cap %g type %u hd %u pos %u [%u]: %.9g want %.9g", sh->window,
+				 (double)sh->softcap, kv->type, hd, pos, i, (double)o[i], want);
+		worst = fmax(worst, fmax(0.0, fabs(o[i] - want) - sub) / mag);
+	}
+	return worst;
+}
+
+/* One cache of type, (WC_P / WC_BT) blocks of WC_BT positions, its table in reverse. */
+struct wc_cache {
+	uint8_t *pool;
+	uint32_t table[WC_P / WC_BT];
+	struct kb_kv_view kv;
+};
+
+static void wc_cache_make(struct wc_cache *c, struct backend *be, uint32_t type, uint32_t kv_dim,
+			  const float *k, const float *v)
+{
+	size_t row = type == KB_F32 ? 4 * kv_dim : type == KB_F16 ? 2 * kv_dim : kv_dim / QK * 34;
+	uint32_t nb = WC_P / WC_BT, pos[WC_P];
+	c->pool = malloc(nb * 2 * WC_BT * row);
+	assert_non_null(c->pool);
+	for (uint32_t b = 0; b < nb; b++)
+		c->table[b] = nb - 1 - b;
+	c->kv = (struct kb_kv_view){ .base = c->pool, .blocks = c->table, .n_blocks = nb,
+				     .block_tokens = WC_BT, .block_bytes = 2 * WC_BT * row,
+				     .k_off = 0, .v_off = WC_BT * row, .row_bytes = row, .type = type };
+	for (uint32_t p = 0; p < WC_P; p++)
+		pos[p] = p;
+	assert_int_equal(backend_cpu_write_kv(be, &c->kv, pos, WC_P, kv_dim, k, v), 0);
+}
+
+/*
+ * The batched paged form, a row alone on 1 and 2 threads, and the
+ * portable kernel (where the SIMD one ran) all give the batch's bits.
+ */
+static void wc_same_bits(struct backend *const be[2], const struct wc_cache *c, const float *q,
+			 const float *out, const uint32_t *pos, const struct kb_attn_shape *sh)
+{
+	const uint32_t qd = sh->n_heads * sh->head_dim, group = sh->n_heads / sh->n_kv_heads;
+	float *o = malloc(sizeof(float) * WC_P * qd);
+	uint32_t off[WC_P] = { 0 }, len[WC_P];
+	assert_non_null(o);
+	for (uint32_t r = 0; r < WC_P; r++)
+		len[r] = c->kv.n_blocks;
+	struct kb_kv_rows kr = { .geo = c->kv, .tables = c->table, .tab_off = off, .tab_len = len,
+				 .h_tab_off = off, .h_tab_len = len, .h_pos = pos };
+	assert_int_equal(be[1]->ops->attention_rows(be[1], o, q, &kr, pos, WC_P, sh), 0);
+	if (memcmp(o, out, sizeof(float) * WC_P * qd))
+		fail_msg("window %u cap %g: attention_rows differs from backend_cpu_attention",
+			 sh->window, (double)sh->softcap);
+	for (int b = 0; b < 2; b++)
+		for (uint32_t r = 0; r < WC_P; r += 7) {
+			assert_int_equal(backend_cpu_attention(be[b], o, q + r * qd, &c->kv, pos + r, 1, sh), 0);
+			if (memcmp(o, out + r * qd, sizeof(float) * qd))
+				fail_msg("window %u cap %g pos %u: alone on %u threads differs from the batch",
+					 sh->window, (double)sh->softcap, r, be[b]->n_threads);
+		}
+	for (uint32_t r = 0; r < WC_P; r++)
+		for (uint32_t h = 0; h < WC_KVH; h++) {
+			size_t qo = r * qd + h * group * sh->head_dim;
+			assert_int_equal(ops_attention_group_c(o, q + qo, &c->kv, r, h, sh), 0);
+			if (memcmp(o, out + qo, sizeof(float) * group * sh->head_dim))
+				fail_msg("window %u cap %g pos %u kv head %u: the portable kernel differs",
+					 sh->window, (double)sh->softcap, r, h);
+		}
+	free(o);
+}
+
+static void test_attention_window_cap(void **state)
+{
+	(void)state;
+	static const struct { uint32_t type, group, hd; double tol; } cfg[] = {
+		{ KB_F16, 1, 64, 2e-3 }, { KB_F16, 3, 64, 2e-3 }, { KB_F32, 3, 64, 1e-5 },
+		{ KB_F32, 2, 36, 1e-5 }, { KB_Q8_0, 3, 64, 2e-3 }, { KB_Q8_0, 1, 32, 2e-3 },
+	};
+	/* The scale and the cap both matter: capping q.k * scale instead would miss by far. */
+	static const struct { uint32_t window; float cap, scale; } wc[] = {
+		{ 0, 0.0f, 0.125f }, { 1, 0.0f, 0.125f }, { 7, 0.0f, 0.125f }, { 33, 0.0f, 0.125f },
+		{ 0, 2.0f, 0.125f }, { 7, 2.0f, 0.5f }, { 33, 50.0f, 1.0f }, { 100, 3.0f, 0.25f },
+	};
+	struct backend *be[2];
+	double worst[3] = { 0 };
+	assert_int_equal(backend_cpu_create(&be[0], 1), 0);
+	assert_int_equal(backend_cpu_create(&be[1], 2), 0);
+	uint32_t pos[WC_P];
+	for (uint32_t p = 0; p < WC_P; p++)
+		pos[p] = p;
+	rng_seed(68);
+	for (size_t c = 0; c < sizeof(cfg) / sizeof(cfg[0]); c++) {
+		const uint32_t hd = cfg[c].hd, kvd = WC_KVH * hd, nh = cfg[c].group * WC_KVH;
+		const uint32_t qd = nh * hd;
+		float *k = malloc(sizeof(float) * WC_P * kvd), *v = malloc(sizeof(float) * WC_P * kvd);
+		float *q = malloc(sizeof(float) * WC_P * qd), *out = malloc(sizeof(float) * WC_P * qd);
+		assert_true(k && v && q && out);
+		for (uint32_t i = 0; i < WC_P * kvd; i++) {
+			k[i] = rng_f(-1.0f, 1.0f);
+			v[i] = rng_f(-1.0f, 1.0f);
+		}
+		for (uint32_t i = 0; i < WC_P * qd; i++)
+			q[i] = rng_f(-2.0f, 2.0f);
+		struct wc_cache cache;
+		wc_cache_make(&cache, be[1], cfg[c].type, kvd, k, v);
+		for (size_t w = 0; w < sizeof(wc) / sizeof(wc[0]); w++) {
+			struct kb_attn_shape sh = { .n_heads = nh, .n_kv_heads = WC_KVH, .head_dim = hd,
+						    .scale = wc[w].scale, .softcap = wc[w].cap,
+						    .window = wc[w].window };
+			assert_int_equal(backend_cpu_attention(be[1], out, q, &cache.kv, pos, WC_P, &sh), 0);
+			for (uint32_t r = 0; r < WC_P; r++)
+				for (uint32_t h = 0; h < nh; h++) {
+					double e = wc_check_head(q + r * qd + h * hd, out + r * qd + h * hd,
+								 &cache.kv, r, h / cfg[c].group, &sh,
+								 cfg[c].tol);
+					int t = cfg[c].type == KB_F32 ? 0 : cfg[c].type == KB_F16 ? 1 : 2;
+					worst[t] = fmax(worst[t], e);
+				}
+			wc_same_bits(be, &cache, q, out, pos, &sh);
+		}
+		struct kb_attn_shape bad = { .n_heads = nh, .n_kv_heads = WC_KVH, .head_dim = hd,
+					     .scale = 1.0f, .softcap = -1.0f };
+		assert_int_equal(backend_cpu_attention(be[1], out, q, &cache.kv, pos, 1, &bad), -EINVAL);
+		free(cache.pool);
+		free(k);
+		free(v);
+		free(q);
+		free(out);
+	}
+	printf("attention with window/softcap: max |err| / sum w|v|: f32 %.3g, f16 %.3g, q8_0 %.3g\n",
+	       worst[0], worst[1], worst[2]);
+	be[0]->ops->destroy(be[0]);
+	be[1]->ops->destroy(be[1]);
 }
 
 /* ---- 7. thread pool ---- */
@@ -1592,10 +2072,14 @@ int main(void)
 		cmocka_unit_test(test_matmul),
 		cmocka_unit_test(test_rmsnorm),
 		cmocka_unit_test(test_swiglu),
+		cmocka_unit_test(test_bias_scale_softcap),
+		cmocka_unit_test(test_geglu),
 		cmocka_unit_test(test_fast_expf),
 		cmocka_unit_test(test_rope),
+		cmocka_unit_test(test_rope_scaled),
 		cmocka_unit_test(test_attention),
 		cmocka_unit_test(test_attention_paths),
+		cmocka_unit_test(test_attention_window_cap),
 		cmocka_unit_test(test_threadpool),
 		cmocka_unit_test(test_threadpool_tiny),
 		cmocka_unit_test(test_threadpool_late_worker),

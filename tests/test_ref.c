@@ -271,6 +271,32 @@ static void test_rows_ops(void **state)
 	assert_int_equal(REFB->ops->get_rows(REFB, rows, &E, &far, 1), -ERANGE);
 }
 
+/* add_bias, scale, softcap and geglu: each the formula in double, rounded once. */
+static void test_optional_ops(void **state)
+{
+	(void)state;
+	float x[6] = { 1, -2, 3, 0.1f, 1e-3f, -40 }, bias[3] = { 0.5f, 0.25f, -3 };
+	assert_int_equal(REFB->ops->add_bias(REFB, x, bias, 2, 3), 0);
+	assert_true(x[0] == 1.5f && x[1] == -1.75f && x[2] == 0 && x[3] == (float)(0.1 + 0.5) &&
+		    x[4] == (float)((double)1e-3f + 0.25) && x[5] == -43);
+	float y[4] = { 1, -3, 0.7f, 1e30f };
+	assert_int_equal(REFB->ops->scale(REFB, y, 0.1f, 1, 4), 0);
+	assert_true(y[0] == 0.1f && y[1] == (float)(-3 * (double)0.1f) &&
+		    y[2] == (float)((double)0.7f * 0.1f) && y[3] == (float)(1e30 * (double)0.1f));
+	float z[4] = { 0, 15, -60, 1e-3f };
+	assert_int_equal(REFB->ops->softcap(REFB, z, 30.0f, 1, 4), 0);
+	assert_true(z[0] == 0 && z[1] == (float)(30 * tanh(0.5)) && z[2] == (float)(30 * tanh(-2.0)) &&
+		    z[3] == (float)(30 * tanh((double)1e-3f / 30)));
+	assert_int_equal(REFB->ops->softcap(REFB, z, 0.0f, 1, 4), -EINVAL);
+	float g[4] = { 0, 1, -2, 12 }, u[4] = { 5, 2, 3, 0.5f };
+	assert_int_equal(REFB->ops->geglu(REFB, g, g, u, 1, 4), 0);
+	const double c = sqrt(2 / M_PI);
+	assert_true(g[0] == 0);
+	assert_true(g[1] == (float)(0.5 * (1 + tanh(c * 1.044715)) * 2));
+	assert_true(g[2] == (float)(-1 * (1 + tanh(c * -2 * (1 + 0.044715 * 4))) * 3));
+	assert_true(g[3] == (float)(6 * (1 + tanh(c * 12 * (1 + 0.044715 * 144))) * 0.5));
+}
+
 /* Normal pairs (0, 1), (2, 3); neox pairs (0, 2), (1, 3); pair i turns by pos * theta^(-2i / rot_dim). */
 static void test_rope(void **state)
 {
@@ -297,6 +323,42 @@ static void test_rope(void **state)
 	assert_int_equal(REFB->ops->rope(REFB, x, pos, 1, 2, 4, &KB_ROPE_PLAIN(2, 100.0f, 0)), 0);
 	assert_true(x[4] == (float)(1 * cos(a0) - 2 * sin(a0)) && x[6] == 3 && x[7] == 4);
 	assert_int_equal(REFB->ops->rope(REFB, x, pos, 1, 1, 4, &KB_ROPE_PLAIN(3, 100.0f, 0)), -EINVAL);
+}
+
+/*
+ * Factors divide each pair's angle; freq_scale multiplies it; YaRN
+ * (ext_factor 0.5, ramp from pair 0.5 to 1.5: pair 0 at 1, pair 1 at 0.5)
+ * mixes the scaled angle back toward the unscaled one and scales cos and
+ * sin by attn_factor (1 + 0.1 ln(1 / freq_scale)). Four dims, two pairs.
+ */
+static void test_rope_scaled(void **state)
+{
+	(void)state;
+	const float x0[4] = { 1, 2, 3, 4 }, ff[2] = { 2.0f, 4.0f };
+	const double e0 = 3.0 / 2, e1 = 3.0 * pow(100.0, -0.5) / 4;
+	float x[4];
+	uint32_t pos = 3;
+	struct kb_rope r = KB_ROPE_PLAIN(4, 100.0f, 0);
+	r.freq_factors = r.h_freq_factors = ff;
+	r.freq_scale = 0.25f;
+	memcpy(x, x0, sizeof(x0));
+	assert_int_equal(REFB->ops->rope(REFB, x, &pos, 1, 1, 4, &r), 0);
+	assert_true(x[0] == (float)(1 * cos(e0 / 4) - 2 * sin(e0 / 4)));
+	assert_true(x[3] == (float)(3 * sin(e1 / 4) + 4 * cos(e1 / 4)));
+	r.ext_factor = 0.5f;
+	r.attn_factor = 0.75f;
+	r.corr_lo = 0.5f;
+	r.corr_hi = 1.5f;
+	const double m = 0.75 * (1 + 0.1 * log(4.0));
+	const double a0 = e0 / 4 * 0.5 + e0 * 0.5, a1 = e1 / 4 * 0.75 + e1 * 0.25;
+	memcpy(x, x0, sizeof(x0));
+	assert_int_equal(REFB->ops->rope(REFB, x, &pos, 1, 1, 4, &r), 0);
+	assert_true(x[0] == (float)(1 * cos(a0) * m - 2 * sin(a0) * m));
+	assert_true(x[1] == (float)(1 * sin(a0) * m + 2 * cos(a0) * m));
+	assert_true(x[2] == (float)(3 * cos(a1) * m - 4 * sin(a1) * m));
+	assert_true(x[3] == (float)(3 * sin(a1) * m + 4 * cos(a1) * m));
+	r.freq_scale = 0.0f;
+	assert_int_equal(REFB->ops->rope(REFB, x, &pos, 1, 1, 4, &r), -EINVAL);
 }
 
 /* A paged cache of type: 2-token blocks, the sequence's table out of order. */
@@ -357,6 +419,46 @@ static void test_attention_exact(void **state)
 	assert_true(out[0] == 1 && out[1] == 2 && out[2] == 1 && out[3] == 2);
 	pos = 4;
 	assert_int_equal(REFB->ops->attention_rows(REFB, out, q, &t.rows, &pos, 1, &sh), -ERANGE);
+}
+
+/*
+ * A window of 2 at position 3 sees positions 2 and 3 alone; a soft-cap of
+ * 1.5 bends the raw q.k before the scale of 0.7 multiplies it.
+ */
+static void test_attention_window_cap(void **state)
+{
+	(void)state;
+	struct tiny_kv t;
+	tiny_kv(&t, KB_F32, 2);
+	const float k[8] = { 1, 0, 0, 1, 1, 1, 2, -1 }, v[8] = { 1, 2, 3, 4, 5, 6, 7, 8 };
+	for (uint32_t p = 0; p < 4; p++)
+		assert_int_equal(REFB->ops->write_kv_rows(REFB, &t.rows, &p, 1, 2, k + 2 * p, v + 2 * p), 0);
+	const float q[2] = { 1, 2 };
+	const double cap = 1.5;
+	float out[2];
+	uint32_t pos = 3;
+	struct kb_attn_shape sh = { .n_heads = 1, .n_kv_heads = 1, .head_dim = 2, .scale = 0.7f,
+				    .softcap = 1.5f, .window = 2 };
+	assert_int_equal(REFB->ops->attention_rows(REFB, out, q, &t.rows, &pos, 1, &sh), 0);
+	double s2 = cap * tanh((1.0 * 1 + 2.0 * 1) / cap) * (double)0.7f;
+	double s3 = cap * tanh((1.0 * 2 - 2.0 * 1) / cap) * (double)0.7f;
+	double e2 = exp(s2 - s2), e3 = exp(s3 - s2);
+	assert_float_equal(out[0], (e2 * 5 + e3 * 7) / (e2 + e3), 1e-6);
+	assert_float_equal(out[1], (e2 * 6 + e3 * 8) / (e2 + e3), 1e-6);
+	/* Window 1: a row sees itself alone, whatever the scores. */
+	sh.window = 1;
+	assert_int_equal(REFB->ops->attention_rows(REFB, out, q, &t.rows, &pos, 1, &sh), 0);
+	assert_true(out[0] == 7 && out[1] == 8);
+	/* A window wider than the context is no window. */
+	sh.window = 100;
+	sh.softcap = 0;
+	float all[2];
+	assert_int_equal(REFB->ops->attention_rows(REFB, out, q, &t.rows, &pos, 1, &sh), 0);
+	sh.window = 0;
+	assert_int_equal(REFB->ops->attention_rows(REFB, all, q, &t.rows, &pos, 1, &sh), 0);
+	assert_memory_equal(out, all, sizeof(out));
+	sh.softcap = -1;
+	assert_int_equal(REFB->ops->attention_rows(REFB, out, q, &t.rows, &pos, 1, &sh), -EINVAL);
 }
 
 /* An f16 or q8_0 cache the user chose: stored as ggml stores it, read back exactly. */
@@ -620,6 +722,20 @@ static void test_cpu_rows(void **state)
 		e_rope[neox] = max_rel(b, a, 5 * NH * HD);
 	}
 	double e_far = max_rel(b + 5 * NH * HD, a + 5 * NH * HD, 2 * NH * HD);
+	/* Llama 3's factors with YaRN on top: the same agreement. */
+	float ff[HD / 2];
+	for (int i = 0; i < HD / 2; i++)
+		ff[i] = i < 10 ? 1.0f : i < 20 ? (float)(i - 9) : 10.0f;
+	struct kb_rope yr = { .rot_dim = HD, .theta = 500000.0f, .freq_scale = 0.125f,
+			      .ext_factor = 1.0f, .attn_factor = 0.9f, .corr_lo = 6.0f,
+			      .corr_hi = 18.0f, .freq_factors = ff, .h_freq_factors = ff };
+	memcpy(a, x, N * NH * HD * sizeof(float));
+	memcpy(b, x, N * NH * HD * sizeof(float));
+	assert_int_equal(REFB->ops->rope(REFB, a, pos, N, NH, HD, &yr), 0);
+	assert_int_equal(CPUB->ops->rope(CPUB, b, pos, N, NH, HD, &yr), 0);
+	double e_yarn = max_rel(b, a, 5 * NH * HD);
+	print_message("cpu vs ref: rope with factors and yarn %.2e (pos < 512)\n", e_yarn);
+	assert_true(e_yarn < 1e-4);
 	print_message("cpu vs ref: rmsnorm %.2e, swiglu %.2e, rope %.2e / neox %.2e (pos < 512), %.2e (pos 2047, 8191)\n",
 		      e_norm, e_swi, e_rope[0], e_rope[1], e_far);
 	assert_true(e_norm < 1e-6);
@@ -629,8 +745,44 @@ static void test_cpu_rows(void **state)
 	assert_true(e_far < 5e-3);
 }
 
+/*
+ * The optional ops, CPU against the reference: bias and scale are one f32
+ * rounding on both; softcap's tanhf is within an ulp or two; geglu's f16
+ * table (ggml's) rounds the gate and GELU to f16: about 2^-11 (1.13 + 0.5)
+ * of |gate * up|.
+ */
+static void test_cpu_optional(void **state)
+{
+	(void)state;
+	enum { N = 5, FF = 1536 };
+	static float x[N * FF], u[N * FF], a[N * FF], b[N * FF];
+	struct rng r = rng_make(6);
+	fill(x, N * FF, &r, 8);
+	fill(u, N * FF, &r, 2);
+	memcpy(a, x, sizeof(x));
+	memcpy(b, x, sizeof(x));
+	assert_int_equal(REFB->ops->add_bias(REFB, a, u, N, FF), 0);
+	assert_int_equal(CPUB->ops->add_bias(CPUB, b, u, N, FF), 0);
+	assert_memory_equal(a, b, sizeof(a));
+	assert_int_equal(REFB->ops->scale(REFB, a, 24.0f, N, FF), 0);
+	assert_int_equal(CPUB->ops->scale(CPUB, b, 24.0f, N, FF), 0);
+	assert_memory_equal(a, b, sizeof(a));
+	assert_int_equal(REFB->ops->softcap(REFB, a, 30.0f, N, FF), 0);
+	assert_int_equal(CPUB->ops->softcap(CPUB, b, 30.0f, N, FF), 0);
+	double e_cap = max_rel(b, a, N * FF);
+	assert_int_equal(REFB->ops->geglu(REFB, a, x, u, N, FF), 0);
+	assert_int_equal(CPUB->ops->geglu(CPUB, b, x, u, N, FF), 0);
+	double e_gelu = 0;
+	for (size_t i = 0; i < N * FF; i++)
+		e_gelu = fmax(e_gelu, fabs(b[i] - a[i]) / fabs((double)x[i] * u[i]));
+	print_message("cpu vs ref: softcap %.2e, geglu %.2e of |gate * up| (f16 table)\n", e_cap,
+		      e_gelu);
+	assert_true(e_cap < 1e-6);
+	assert_true(e_gelu < 1e-3);
+}
+
 /* One contiguous cache of type for NP positions, GQA 9/3 of 64: the model's attention. */
-static double compare_attention(uint32_t type, uint32_t np)
+static double compare_attention(uint32_t type, uint32_t np, uint32_t window, float cap)
 {
 	enum { NH = 9, NKV = 3, HD = 64, KVD = NKV * HD };
 	size_t row = type == KB_F32 ? 4 * KVD : 2 * KVD;
@@ -655,7 +807,8 @@ static double compare_attention(uint32_t type, uint32_t np)
 		.tables = &table, .tab_off = off, .tab_len = len,
 		.h_tab_off = off, .h_tab_len = len, .h_pos = pos,
 	};
-	struct kb_attn_shape sh = { .n_heads = NH, .n_kv_heads = NKV, .head_dim = HD, .scale = 0.125f };
+	struct kb_attn_shape sh = { .n_heads = NH, .n_kv_heads = NKV, .head_dim = HD, .scale = 0.125f,
+				    .softcap = cap, .window = window };
 	/* One cache, written by the CPU: both read the same bits. */
 	assert_int_equal(CPUB->ops->write_kv_rows(CPUB, &kv, pos, np, KVD, k, v), 0);
 	assert_int_equal(REFB->ops->attention_rows(REFB, oa, q, &kv, pos, np, &sh), 0);
@@ -681,8 +834,15 @@ static double compare_attention(uint32_t type, uint32_t np)
 static void test_cpu_attention(void **state)
 {
 	(void)state;
-	double e32 = compare_attention(KB_F32, 128), e16 = compare_attention(KB_F16, 128);
+	double e32 = compare_attention(KB_F32, 128, 0, 0), e16 = compare_attention(KB_F16, 128, 0, 0);
 	print_message("cpu vs ref attention (128 positions, GQA 9/3 x 64): f32 cache %.2e, f16 cache %.2e\n",
+		      e32, e16);
+	assert_true(e32 < 1e-5);
+	assert_true(e16 < 5e-3);
+	/* Gemma 2's shape of it: a window of 40 and a cap of 5 on the raw q.k. */
+	e32 = compare_attention(KB_F32, 128, 40, 5.0f);
+	e16 = compare_attention(KB_F16, 128, 40, 5.0f);
+	print_message("cpu vs ref attention, window 40, softcap 5: f32 cache %.2e, f16 cache %.2e\n",
 		      e32, e16);
 	assert_true(e32 < 1e-5);
 	assert_true(e16 < 5e-3);
@@ -870,13 +1030,17 @@ int main(void)
 		cmocka_unit_test(test_matmul_exact),
 		cmocka_unit_test(test_matmul_invariant),
 		cmocka_unit_test(test_rows_ops),
+		cmocka_unit_test(test_optional_ops),
 		cmocka_unit_test(test_rope),
+		cmocka_unit_test(test_rope_scaled),
 		cmocka_unit_test(test_attention_exact),
+		cmocka_unit_test(test_attention_window_cap),
 		cmocka_unit_test(test_kv_types),
 		cmocka_unit_test(test_choose),
 		cmocka_unit_test(test_kv_default),
 		cmocka_unit_test(test_cpu_matmul),
 		cmocka_unit_test(test_cpu_rows),
+		cmocka_unit_test(test_cpu_optional),
 		cmocka_unit_test(test_cpu_attention),
 		cmocka_unit_test(test_model),
 	};

@@ -57,14 +57,99 @@ CLONES void ops_swiglu_row(float *out, const float *gate, const float *up, uint3
 	}
 }
 
-void ops_rope_table(float *cs, uint32_t pos, uint32_t rot_dim, float theta)
+CLONES void ops_add_bias_row(float *x, const float *bias, uint32_t dim)
 {
-	/* The angle advances by a constant factor per pair, in f32, as llama.cpp computes it. */
-	float step = powf(theta, -2.0f / (float)rot_dim);
+	for (uint32_t i = 0; i < dim; i++)
+		x[i] += bias[i];
+}
+
+CLONES void ops_scale_row(float *x, float s, uint32_t dim)
+{
+	for (uint32_t i = 0; i < dim; i++)
+		x[i] *= s;
+}
+
+/* tanhf is libm's, one implementation per process: the same bits whatever the batch or thread. */
+void ops_softcap_row(float *x, float cap, uint32_t dim)
+{
+	const float inv = 1.0f / cap;
+	for (uint32_t i = 0; i < dim; i++)
+		x[i] = tanhf(x[i] * inv) * cap;
+}
+
+/* ggml's constants, as f32. */
+#define GELU_A 0.044715f
+#define GELU_S 0.79788456080286535587989211986876f
+
+/*
+ * ggml's build fuses 1 + (A x) x into one fma (its compiler contracts
+ * floating point; this project's does not, so it is written out): the
+ * unfused sum moves table entries by an f16 ulp, gates near -2.
+ */
+float ops_gelu_f32(float x)
+{
+	return 0.5f * x * (1.0f + tanhf(GELU_S * x * fmaf(GELU_A * x, x, 1.0f)));
+}
+
+/*
+ * ggml's CPU backend computes an f32 GELU through a table of f16 results
+ * indexed by the input's f16 (GGML_GELU_FP16, always defined in its
+ * vec.h); llama.cpp's Gemma runs that, so this does too, and its error
+ * (about 2^-11 relative from each rounding) is llama.cpp's own.
+ */
+static uint16_t gelu_tab[1 << 16];
+static pthread_once_t gelu_once = PTHREAD_ONCE_INIT;
+
+static void gelu_tab_init(void)
+{
+	for (uint32_t h = 0; h < (1u << 16); h++)
+		gelu_tab[h] = f32_to_fp16(ops_gelu_f32(fp16_to_f32((uint16_t)h)));
+}
+
+void ops_geglu_row(float *out, const float *gate, const float *up, uint32_t dim)
+{
+	pthread_once(&gelu_once, gelu_tab_init);
+	for (uint32_t i = 0; i < dim; i++) {
+		float g = gate[i];
+		if (g <= -10.0f)
+			out[i] = 0.0f;
+		else if (g >= 10.0f)
+			out[i] = g * up[i];
+		else
+			out[i] = fp16_to_f32(gelu_tab[f32_to_fp16(g)]) * up[i];
+	}
+}
+
+/* YaRN's ramp over pair index i: 1 below corr_lo, 0 above corr_hi, linear between. */
+static float rope_ramp(float lo, float hi, uint32_t i)
+{
+	float y = ((float)i - lo) / fmaxf(0.001f, hi - lo);
+	return 1.0f - fminf(1.0f, fmaxf(0.0f, y));
+}
+
+/*
+ * The angle advances by a constant factor per pair, in f32, as ggml's rope
+ * cache does; each angle is then divided by its factor, scaled and mixed.
+ * ggml's build fuses the mix's first product and the YaRN magnitude's
+ * multiply-add (its compiler contracts floating point, this one does not),
+ * so those two are fmas here: checked bit for bit against libggml-cpu.
+ */
+void ops_rope_table(float *cs, uint32_t pos, const struct kb_rope *rope, const float *ff)
+{
+	const float step = powf(rope->theta, -2.0f / (float)rope->rot_dim);
+	const float fs = rope->freq_scale, ext = rope->ext_factor;
+	float mscale = rope->attn_factor;
+	if (ext != 0.0f)
+		mscale *= fmaf(0.1f, logf(1.0f / fs), 1.0f);
 	float a = (float)pos;
-	for (uint32_t i = 0; i < rot_dim / 2; i++) {
-		cs[2 * i] = cosf(a);
-		cs[2 * i + 1] = sinf(a);
+	for (uint32_t i = 0; i < rope->rot_dim / 2; i++) {
+		float extrap = ff ? a / ff[i] : a, th = fs * extrap;
+		if (ext != 0.0f) {
+			float mix = rope_ramp(rope->corr_lo, rope->corr_hi, i) * ext;
+			th = fmaf(th, 1.0f - mix, extrap * mix);
+		}
+		cs[2 * i] = cosf(th) * mscale;
+		cs[2 * i + 1] = sinf(th) * mscale;
 		a *= step;
 	}
 }
@@ -169,11 +254,29 @@ static void ops_kv_head(float *out, const struct kb_kv_view *kv, int which, uint
 	}
 }
 
+uint32_t ops_att_first(uint32_t pos, uint32_t window)
+{
+	return window && pos >= window ? pos + 1 - window : 0;
+}
+
+/*
+ * As llama.cpp's graph caps scores (build_attn_mha): the raw q.k scaled by
+ * 1 / cap, tanh, times cap, and only then times the attention scale (which
+ * ggml's softmax applies). tanhf is libm's: one implementation per process.
+ */
+void ops_att_softcap(float *s, uint32_t n, float cap, float scale)
+{
+	const float inv = 1.0f / cap;
+	for (uint32_t i = 0; i < n; i++)
+		s[i] = tanhf(s[i] * inv) * cap * scale;
+}
+
 int ops_attention_group_c(float *out, const float *q, const struct kb_kv_view *kv,
 			  uint32_t pos, uint32_t kvh, const struct kb_attn_shape *sh)
 {
 	const uint32_t hd = sh->head_dim, group = sh->n_heads / sh->n_kv_heads;
-	const uint32_t np = pos + 1;
+	const uint32_t p0 = ops_att_first(pos, sh->window), np = pos + 1 - p0;
+	const float scale = sh->softcap != 0.0f ? 1.0f : sh->scale;	/* a capped score is scaled after */
 	const int f32 = kv->type == KB_F32;
 	float qh[ATT_MAX_GROUP][ATT_MAX_HD];
 	float row[ATT_MAX_HD];
@@ -185,17 +288,19 @@ int ops_attention_group_c(float *out, const float *q, const struct kb_kv_view *k
 			qh[g][i] = f32 ? q[g * hd + i] : fp16_round(q[g * hd + i]);
 	/* One read of each K row serves the whole query-head group. */
 	for (uint32_t p = 0; p < np; p++) {
-		ops_kv_head(row, kv, 0, p, kvh * hd, hd);
+		ops_kv_head(row, kv, 0, p0 + p, kvh * hd, hd);
 		for (uint32_t g = 0; g < group; g++)
-			s[g * np + p] = dot_lanes(qh[g], row, hd) * sh->scale;
+			s[g * np + p] = dot_lanes(qh[g], row, hd) * scale;
 	}
+	if (sh->softcap != 0.0f)
+		ops_att_softcap(s, group * np, sh->softcap, sh->scale);
 	for (uint32_t g = 0; g < group; g++)
 		softmax_row(s + g * np, np, !f32);
 	for (uint32_t g = 0; g < group; g++) {
 		float *o = out + g * hd;
 		memset(o, 0, hd * sizeof(float));
 		for (uint32_t p = 0; p < np; p++) {
-			ops_kv_head(row, kv, 1, p, kvh * hd, hd);
+			ops_kv_head(row, kv, 1, p0 + p, kvh * hd, hd);
 			float w = s[g * np + p];
 			for (uint32_t i = 0; i < hd; i++)
 				o[i] = fmaf(w, row[i], o[i]);

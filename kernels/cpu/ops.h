@@ -12,20 +12,45 @@ float fast_expf(float x);
 void ops_rmsnorm_row(float *out, const float *x, const float *g, uint32_t dim, float eps);
 /* out (dim,) = silu(gate) * up */
 void ops_swiglu_row(float *out, const float *gate, const float *up, uint32_t dim);
+/* x (dim,) += bias (dim,) */
+void ops_add_bias_row(float *x, const float *bias, uint32_t dim);
+/* x (dim,) *= s */
+void ops_scale_row(float *x, float s, uint32_t dim);
+/* x (dim,) = tanh(x * (1 / cap)) * cap, in f32 as ggml's scale, tanh, scale */
+void ops_softcap_row(float *x, float cap, uint32_t dim);
+/*
+ * out (dim,) = gelu(gate) * up, GELU's tanh form as ggml's f32 GEGLU takes
+ * it: gate <= -10 gives 0, gate >= 10 gives gate * up, anything between is
+ * looked up by its f16 in a table of f16 results.
+ */
+void ops_geglu_row(float *out, const float *gate, const float *up, uint32_t dim);
+/* GELU's tanh form in f32, the formula the table is made of (for tests). */
+float ops_gelu_f32(float x);
+
 /* x (n_heads, head_dim) rotated by the (cos, sin) pairs cs (rot_dim / 2, 2) */
 void ops_rope_row(float *x, const float *cs, uint32_t n_heads, uint32_t head_dim,
 		  uint32_t rot_dim, int neox);
-/* The (cos, sin) table of one position: cs (rot_dim / 2, 2) */
-void ops_rope_table(float *cs, uint32_t pos, uint32_t rot_dim, float theta);
+/*
+ * The (cos, sin) table of one position, cs (rope->rot_dim / 2, 2), as
+ * ggml's rope cache computes it; the factors are read from ff (host
+ * memory, rot_dim / 2 of them) or are all 1 when ff is NULL.
+ */
+void ops_rope_table(float *cs, uint32_t pos, const struct kb_rope *rope, const float *ff);
 
 /*
  * Attention of one query row at position pos against kv head kvh, for the
  * group of query heads kvh serves: out and q are (group, head_dim) slices.
- * Scores, softmax and the weighted sum of V each run in position order.
+ * The row sees positions ops_att_first(pos, window) .. pos; each score is
+ * q.k * scale, or with a soft-cap tanh(q.k / cap) * cap * scale. Scores,
+ * softmax and the weighted sum of V each run in position order.
  * Returns 0 or -ENOMEM.
  */
 int ops_attention_group(float *out, const float *q, const struct kb_kv_view *kv,
 			 uint32_t pos, uint32_t kvh, const struct kb_attn_shape *shape);
+/* The first position a row at pos sees through a sliding window (0: none): p - q < window. */
+uint32_t ops_att_first(uint32_t pos, uint32_t window);
+/* s (n,) = tanh(s * (1 / cap)) * cap * scale, the soft-capped scores of raw q.k products. */
+void ops_att_softcap(float *s, uint32_t n, float cap, float scale);
 /* The portable implementation, which every SIMD one must match bit for bit (for tests). */
 int ops_attention_group_c(float *out, const float *q, const struct kb_kv_view *kv,
 			   uint32_t pos, uint32_t kvh, const struct kb_attn_shape *shape);

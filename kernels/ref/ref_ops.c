@@ -54,28 +54,91 @@ int ref_swiglu(struct backend *b, float *out, const float *gate, const float *up
 	return 0;
 }
 
+int ref_add_bias(struct backend *b, float *x, const float *bias, uint32_t n, uint32_t dim)
+{
+	(void)b;
+	for (size_t r = 0; r < n; r++)
+		for (uint32_t i = 0; i < dim; i++)
+			x[r * dim + i] = (float)((double)x[r * dim + i] + bias[i]);
+	return 0;
+}
+
+int ref_scale(struct backend *b, float *x, float s, uint32_t n, uint32_t dim)
+{
+	(void)b;
+	for (size_t i = 0; i < (size_t)n * dim; i++)
+		x[i] = (float)((double)x[i] * s);
+	return 0;
+}
+
+int ref_softcap(struct backend *b, float *x, float cap, uint32_t n, uint32_t dim)
+{
+	(void)b;
+	if (!(cap > 0.0f))
+		return -EINVAL;
+	for (size_t i = 0; i < (size_t)n * dim; i++)
+		x[i] = (float)(cap * tanh(x[i] / (double)cap));
+	return 0;
+}
+
+/* The formula itself, in double: no f16 table, unlike ggml's CPU (and this project's). */
+int ref_geglu(struct backend *b, float *out, const float *gate, const float *up, uint32_t n,
+	      uint32_t dim)
+{
+	(void)b;
+	const double c = sqrt(2.0 / M_PI);
+	for (size_t i = 0; i < (size_t)n * dim; i++) {
+		double g = gate[i];
+		out[i] = (float)(0.5 * g * (1.0 + tanh(c * g * (1.0 + 0.044715 * g * g))) * up[i]);
+	}
+	return 0;
+}
+
+/* YaRN's ramp over pair index i: 1 below lo, 0 above hi, linear between. */
+static double rope_ramp(double lo, double hi, uint32_t i)
+{
+	double y = (i - lo) / fmax(0.001, hi - lo);
+	return 1.0 - fmin(1.0, fmax(0.0, y));
+}
+
 /*
- * Pair i of each head turns by pos * theta^(-2i / rot_dim), the angle and
- * its cosine and sine in double (no table: nothing carries from one
- * position to the next).
+ * (cos, sin) of pair i at pos, in double and from scratch (nothing carries
+ * from one pair or position to the next): the angle pos * theta^(-2i /
+ * rot_dim) over the pair's factor, interpolated by freq_scale, mixed back
+ * by YaRN's ramp, both scaled by the magnitude.
  */
+static void rope_cs(double *c, double *s, uint32_t pos, uint32_t i, const struct kb_rope *rope,
+		    const float *ff)
+{
+	double extrap = (double)pos * pow(rope->theta, -2.0 * i / rope->rot_dim);
+	if (ff)
+		extrap /= ff[i];
+	double a = rope->freq_scale * extrap, m = rope->attn_factor;
+	if (rope->ext_factor != 0.0f) {
+		double mix = rope_ramp(rope->corr_lo, rope->corr_hi, i) * rope->ext_factor;
+		a = a * (1.0 - mix) + extrap * mix;
+		m *= 1.0 + 0.1 * log(1.0 / rope->freq_scale);
+	}
+	*c = cos(a) * m;
+	*s = sin(a) * m;
+}
+
 int ref_rope(struct backend *b, float *x, const uint32_t *pos, uint32_t n, uint32_t n_heads,
 	     uint32_t head_dim, const struct kb_rope *rope)
 {
 	(void)b;
 	uint32_t rot_dim = rope->rot_dim;
-	double theta = rope->theta;
 	int neox = rope->neox;
 	if (rot_dim > head_dim || rot_dim % 2)
 		return -EINVAL;
-	if (rope->freq_factors || rope->freq_scale != 1.0f || rope->ext_factor != 0.0f ||
-	    rope->attn_factor != 1.0f)
-		return -ENOTSUP;
+	if (!(rope->theta > 0.0f) || !(rope->freq_scale > 0.0f))
+		return -EINVAL;
+	const float *ff = rope->h_freq_factors ? rope->h_freq_factors : rope->freq_factors;
 	uint32_t half = rot_dim / 2;
 	for (uint32_t r = 0; r < n; r++) {
 		for (uint32_t i = 0; i < half; i++) {
-			double a = (double)pos[r] * pow(theta, -2.0 * i / rot_dim);
-			double c = cos(a), s = sin(a);
+			double c, s;
+			rope_cs(&c, &s, pos[r], i, rope, ff);
 			uint32_t i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
 			for (uint32_t h = 0; h < n_heads; h++) {
 				float *v = x + ((size_t)r * n_heads + h) * head_dim;
@@ -181,21 +244,26 @@ static void kv_elems(double *out, const struct kb_kv_view *kv, int which, uint32
 }
 
 /*
- * One query head of one row over positions 0..np-1: scores q.k * scale,
- * softmax and the weighted sum of V, all in double and in position order.
- * s is scratch of np + 2 * head_dim doubles.
+ * One query head of one row over positions p0..p0+np-1: scores q.k *
+ * scale (the raw q.k soft-capped first, cap * tanh(q.k / cap), when
+ * there is a cap: llama.cpp's order), softmax and the weighted sum of V,
+ * all in double and in position order. s is scratch of np + 2 * head_dim
+ * doubles.
  */
-static void attend_head(float *out, const float *q, const struct kb_kv_view *kv, uint32_t np,
-			uint32_t kvh, const struct kb_attn_shape *sh, double *s)
+static void attend_head(float *out, const float *q, const struct kb_kv_view *kv, uint32_t p0,
+			uint32_t np, uint32_t kvh, const struct kb_attn_shape *sh, double *s)
 {
+	const double cap = sh->softcap;
 	const uint32_t hd = sh->head_dim;
 	double *row = s + np, *acc = row + hd;
 	double max = -INFINITY, sum = 0.0;
 	for (uint32_t p = 0; p < np; p++) {
-		kv_elems(row, kv, 0, p, kvh * hd, hd);
+		kv_elems(row, kv, 0, p0 + p, kvh * hd, hd);
 		double dot = 0.0;
 		for (uint32_t i = 0; i < hd; i++)
 			dot += (double)q[i] * row[i];
+		if (cap != 0.0)
+			dot = cap * tanh(dot / cap);
 		s[p] = dot * sh->scale;
 		max = s[p] > max ? s[p] : max;
 	}
@@ -205,7 +273,7 @@ static void attend_head(float *out, const float *q, const struct kb_kv_view *kv,
 	}
 	memset(acc, 0, hd * sizeof(double));
 	for (uint32_t p = 0; p < np; p++) {
-		kv_elems(row, kv, 1, p, kvh * hd, hd);
+		kv_elems(row, kv, 1, p0 + p, kvh * hd, hd);
 		for (uint32_t i = 0; i < hd; i++)
 			acc[i] += s[p] * row[i];
 	}
@@ -220,8 +288,8 @@ int ref_attention_rows(struct backend *b, float *out, const float *q,
 	struct ref_backend *rb = REF(b);
 	if (sh->n_kv_heads == 0 || sh->n_heads % sh->n_kv_heads || sh->head_dim == 0)
 		return -EINVAL;
-	if (sh->softcap != 0.0f || sh->window)
-		return -ENOTSUP;
+	if (!(sh->softcap >= 0.0f) || isinf(sh->softcap))
+		return -EINVAL;
 	int rc = kv_ok(&kv->geo, sh->n_kv_heads * sh->head_dim);
 	if (rc)
 		return rc;
@@ -240,7 +308,9 @@ int ref_attention_rows(struct backend *b, float *out, const float *q,
 		struct kb_kv_view rv = row_view(kv, r);
 		for (uint32_t h = 0; h < sh->n_heads; h++) {
 			size_t off = ((size_t)r * sh->n_heads + h) * sh->head_dim;
-			attend_head(out + off, q + off, &rv, pos[r] + 1, h / group, sh, rb->scores);
+			uint32_t p0 = sh->window && pos[r] >= sh->window ? pos[r] + 1 - sh->window : 0;
+			attend_head(out + off, q + off, &rv, p0, pos[r] + 1 - p0, h / group, sh,
+				    rb->scores);
 		}
 	}
 	return 0;
