@@ -84,7 +84,7 @@ struct kb_attn_shape {
 	uint32_t n_kv_heads;	/* divides n_heads; each serves n_heads / n_kv_heads */
 	uint32_t head_dim;
 	float scale;		/* usually 1 / sqrt(head_dim) */
-	float softcap;		/* scores become softcap * tanh(s / softcap) (Gemma 2); 0 = off */
+	float softcap;		/* q.k becomes softcap * tanh(q.k / softcap) before the scale (Gemma 2); 0 = off */
 	uint32_t window;	/* sliding window: row at p sees p - window < q <= p; 0 = all */
 };
 
@@ -159,7 +159,8 @@ struct backend_ops {
 	/*
 	 * Causal attention of n query rows of any sequences: out (n, n_heads *
 	 * head_dim) for q (n, n_heads * head_dim), row r attending to positions
-	 * 0..pos[r] of its sequence in kv (which must already hold them). With
+	 * 0..pos[r] of its sequence in kv (which must already hold them), or to
+	 * the last shape->window of them. With
 	 * an f16 cache Q is rounded to f16 for the scores and the softmax
 	 * weights to f16 for the sum over V (as llama.cpp does); an f32 cache
 	 * keeps everything in f32. (The CPU backend's single-sequence forms,

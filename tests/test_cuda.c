@@ -995,7 +995,7 @@ static void kv_slice(uint32_t type, const uint8_t *row, uint32_t e0, uint32_t hd
 
 /*
  * Attention by the definition in backend.h, in f64: row r sees positions
- * p - window < t <= p, score s = q.k * scale, then softcap * tanh(s / softcap).
+ * p - window < t <= p, score s = softcap * tanh(q.k / softcap), then times scale.
  * Q is rounded to f16 for an f16 cache as the CPU does; the softmax weights
  * are not, which the f16 tolerance covers.
  */
@@ -1022,9 +1022,9 @@ static void attn_def(float *out, const float *q, const struct kb_kv_rows *kv, ui
 				double s = 0.0;
 				for (uint32_t d = 0; d < hd; d++)
 					s += (double)(v.type == KB_F16 ? fp16_round(qh[d]) : qh[d]) * kr[d];
-				s *= sh->scale;
 				if (sh->softcap != 0.0f)
 					s = sh->softcap * tanh(s / sh->softcap);
+				s *= sh->scale;
 				sc[t] = s;
 				mx = s > mx ? s : mx;
 			}

@@ -134,10 +134,14 @@ attn_partial_kernel(const float *__restrict__ q, att_geo g, const uint32_t *__re
 #pragma unroll 16
 					for (int d = 0; d < HD; d++)
 						a = fmaf(qv[d], kv[d], a);
-					s = __fmul_rn(a, scale);
-					/* Gemma 2's soft-cap, on the scaled score (ggml's flash path: scale, then cap). */
+					/*
+					 * Gemma 2's soft-cap on the raw q.k, then the scale, as
+					 * the CPU and llama.cpp's graph (the engine pre-scales Q
+					 * and passes scale 1 there, so the order is moot for it).
+					 */
 					if (cap != 0.0f)
-						s = __fmul_rn(cap, tanhf(__fmul_rn(s, inv_cap)));
+						a = __fmul_rn(tanhf(__fmul_rn(a, inv_cap)), cap);
+					s = __fmul_rn(a, scale);
 				}
 				float tmax = warp_max(s);
 				if (tmax == -INFINITY)
