@@ -75,6 +75,13 @@ static void info_memory(const struct model *m, const struct kvd_options *o)
 		printf("; one sequence of the full %u positions\n", hp->max_ctx);
 	else
 		printf("; one sequence of at most %llu positions\n", (unsigned long long)fit);
+	/*
+	 * The CPU backend's SIMD kernels read a repacked copy of each quantised
+	 * matrix, made at the first matmul: about the weights' bytes once more.
+	 */
+	left = left > m->weight_bytes ? left - m->weight_bytes : 0;
+	printf("             %llu tokens on the CPU backend, which keeps a repacked copy of the "
+	       "weights\n", (unsigned long long)(per_token ? left / per_token : 0));
 }
 
 void oneshot_info(const struct model *m, const struct kvd_options *o)
