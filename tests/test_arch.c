@@ -66,14 +66,14 @@ static const struct arch_case CASES[] = {
 	{ "llama-f32",       RUN,     NULL,              KLD_F32,   GAP_F32, 1 },
 	{ "llama-f16",       RUN,     NULL,              KLD_F16,   GAP_Q,   1 },
 	{ "llama3-nofreqs",  RUN,     NULL,              KLD_F32,   GAP_F32, 1 },
-	{ "llama3-freqs",    REFUSED, "rope_freqs",      KLD_F32,   GAP_F32, 1 },
-	{ "llama-linear",    REFUSED, "rope.scaling",    KLD_F32,   GAP_F32, 1 },
-	{ "llama-yarn",      REFUSED, "rope.scaling",    KLD_F32,   GAP_F32, 1 },
-	{ "mistral-nemo",    REFUSED, "head_dim",        KLD_F32,   GAP_F32, 1 },
-	{ "qwen2",           REFUSED, "qwen2",           KLD_F32,   GAP_F32, 1 },
-	{ "phi3",            REFUSED, "phi3",            KLD_F32,   GAP_F32, 1 },
-	{ "gemma",           REFUSED, "gemma",           KLD_F32,   GAP_F32, 1 },
-	{ "gemma2",          REFUSED, "gemma2",          KLD_F32,   GAP_F32, 1 },
+	{ "llama3-freqs",    RUN,     "rope_freqs",      KLD_F32,   GAP_F32, 1 },
+	{ "llama-linear",    RUN,     "rope.scaling",    KLD_F32,   GAP_F32, 1 },
+	{ "llama-yarn",      RUN,     "rope.scaling",    KLD_F32,   GAP_F32, 1 },
+	{ "mistral-nemo",    RUN,     "head_dim",        KLD_F32,   GAP_F32, 1 },
+	{ "qwen2",           RUN,     "qwen2",           KLD_F32,   GAP_F32, 1 },
+	{ "phi3",            RUN,     "phi3",            KLD_F32,   GAP_F32, 1 },
+	{ "gemma",           RUN,     "gemma",           KLD_F32,   GAP_F32, 1 },
+	{ "gemma2",          RUN,     "gemma2",          KLD_F32,   GAP_F32, 1 },
 	{ "llama-q4_0",      RUN,     NULL,              KLD_Q,     GAP_Q,   0 },
 	{ "llama-q4_1",      RUN,     NULL,              KLD_Q,     GAP_Q,   0 },
 	{ "llama-q8_0",      RUN,     NULL,              KLD_Q,     GAP_Q,   0 },
@@ -325,6 +325,12 @@ static void run_case(const struct arch_case *c, struct figures *fg)
 	float miss = 0, ref_miss = 0;
 	int rc = judge(be, c, fg->kld, &fg->checked, &fg->agree, &miss, fg->long_lq ? &fg->long_lq : NULL);
 	be->ops->destroy(be);
+	/* The model loads, the backend does not compute one of its operations yet (branch ops). */
+	if (rc == -ENOTSUP) {
+		print_message("SKIPPED: %s needs an operation the cpu backend does not compute yet\n",
+			      c->name);
+		skip();
+	}
 	assert_int_equal(rc, 0);
 	fg->ran = 1;
 	for (uint32_t k = 0; k < REF.n_prompts; k++)
@@ -340,6 +346,11 @@ static void run_case(const struct arch_case *c, struct figures *fg)
 	uint32_t chk = 0, agr = 0;
 	rc = judge(be, c, fg->ref_kld, &chk, &agr, &ref_miss, NULL);
 	be->ops->destroy(be);
+	if (rc == -ENOTSUP) {
+		print_message("SKIPPED: %s needs an operation the ref backend does not compute yet\n",
+			      c->name);
+		skip();
+	}
 	assert_int_equal(rc, 0);
 	printf("  %s ref: KLD short %.3g long %.3g; argmax %u/%u (widest gap missed %.3g)\n", c->name,
 	       fg->ref_kld[0], fg->ref_kld[1], agr, chk, (double)ref_miss);
