@@ -94,6 +94,27 @@ static int ds_argmax(struct backend *b, uint32_t *ids, const float *x, uint32_t 
 	return DS_CPU(b)->ops->argmax(DS_CPU(b), ids, x, n, dim);
 }
 
+static int ds_add_bias(struct backend *b, float *x, const float *bias, uint32_t n, uint32_t dim)
+{
+	return DS_CPU(b)->ops->add_bias(DS_CPU(b), x, bias, n, dim);
+}
+
+static int ds_scale(struct backend *b, float *x, float s, uint32_t n, uint32_t dim)
+{
+	return DS_CPU(b)->ops->scale(DS_CPU(b), x, s, n, dim);
+}
+
+static int ds_softcap(struct backend *b, float *x, float cap, uint32_t n, uint32_t dim)
+{
+	return DS_CPU(b)->ops->softcap(DS_CPU(b), x, cap, n, dim);
+}
+
+static int ds_geglu(struct backend *b, float *out, const float *g, const float *u, uint32_t n,
+		    uint32_t dim)
+{
+	return DS_CPU(b)->ops->geglu(DS_CPU(b), out, g, u, n, dim);
+}
+
 static int ds_buf_alloc(struct backend *b, void **out, size_t bytes)
 {
 	void *p = malloc(bytes ? bytes : 1);
@@ -197,6 +218,8 @@ static int devsim_create(struct backend **out, uint32_t n_threads)
 		.argmax = ds_argmax, .buf_alloc = ds_buf_alloc, .buf_free = ds_buf_free,
 		.upload = ds_upload, .download = ds_download, .copy = ds_copy, .import = ds_import,
 		.unimport = ds_unimport, .step_begin = ds_step_begin, .step_end = ds_step_end,
+		.add_bias = ds_add_bias, .scale = ds_scale, .softcap = ds_softcap,
+		.geglu = ds_geglu,
 	};
 	d->base.ops = &d->ops;
 	d->base.n_threads = d->cpu->n_threads;

@@ -1015,6 +1015,161 @@ static void test_swiglu(void **state)
 	be->ops->destroy(be);
 }
 
+/* ---- 5b. the optional row ops: add_bias, scale, softcap, geglu ---- */
+
+enum { SO_N = 6, SO_DIM = 1531 };
+
+/* Which optional op so_run() calls. */
+enum so_op { SO_BIAS, SO_SCALE, SO_SOFTCAP, SO_GEGLU };
+
+/* out (n, SO_DIM) = op over rows in (n, SO_DIM) (gate for geglu), p the bias/up rows or s the factor. */
+static void so_run(struct backend *be, enum so_op op, float *out, const float *in, const float *p,
+		   float s, uint32_t n)
+{
+	memcpy(out, in, sizeof(float) * n * SO_DIM);
+	switch (op) {
+	case SO_BIAS: assert_int_equal(be->ops->add_bias(be, out, p, n, SO_DIM), 0); break;
+	case SO_SCALE: assert_int_equal(be->ops->scale(be, out, s, n, SO_DIM), 0); break;
+	case SO_SOFTCAP: assert_int_equal(be->ops->softcap(be, out, s, n, SO_DIM), 0); break;
+	case SO_GEGLU: assert_int_equal(be->ops->geglu(be, out, out, p, n, SO_DIM), 0); break;
+	}
+}
+
+/* Each row alone, on 1 and on 2 threads, gives the bits the whole batch gave it. */
+static void so_invariant(struct backend *const be[2], enum so_op op, const float *in,
+			 const float *p, float s, const float *batch)
+{
+	float *one = malloc(sizeof(float) * SO_DIM);
+	assert_non_null(one);
+	for (int b = 0; b < 2; b++)
+		for (uint32_t r = 0; r < SO_N; r++) {
+			const float *pr = op == SO_GEGLU ? p + (size_t)r * SO_DIM : p;
+			so_run(be[b], op, one, in + (size_t)r * SO_DIM, pr, s, 1);
+			if (memcmp(one, batch + (size_t)r * SO_DIM, sizeof(float) * SO_DIM))
+				fail_msg("op %d row %u alone on %u threads differs from the batch", op, r,
+					 be[b]->n_threads);
+		}
+	free(one);
+}
+
+static void test_bias_scale_softcap(void **state)
+{
+	(void)state;
+	static float x[SO_N * SO_DIM], out[SO_N * SO_DIM], bias[SO_DIM];
+	struct backend *be[2];
+	assert_int_equal(backend_cpu_create(&be[0], 1), 0);
+	assert_int_equal(backend_cpu_create(&be[1], 2), 0);
+	rng_seed(55);
+	for (int i = 0; i < SO_N * SO_DIM; i++)	/* wide enough for tanh to saturate */
+		x[i] = rng_f(-60.0f, 60.0f);
+	for (int i = 0; i < SO_DIM; i++)
+		bias[i] = rng_f(-3.0f, 3.0f);
+	/* add_bias and scale are one f32 rounding each: exact. */
+	so_run(be[1], SO_BIAS, out, x, bias, 0, SO_N);
+	for (int i = 0; i < SO_N * SO_DIM; i++)
+		if (out[i] != (float)((double)x[i] + bias[i % SO_DIM]))
+			fail_msg("add_bias [%d]: %a + %a = %a", i, (double)x[i], (double)bias[i % SO_DIM],
+				 (double)out[i]);
+	so_invariant(be, SO_BIAS, x, bias, 0, out);
+	const float s = 24.0f / 1.0e3f;	/* Gemma's sqrt(dim) is no power of two either */
+	so_run(be[1], SO_SCALE, out, x, NULL, s, SO_N);
+	for (int i = 0; i < SO_N * SO_DIM; i++)
+		if (out[i] != (float)((double)x[i] * s))
+			fail_msg("scale [%d]: %a * %a = %a", i, (double)x[i], (double)s, (double)out[i]);
+	so_invariant(be, SO_SCALE, x, NULL, s, out);
+	static const float caps[] = { 30.0f, 50.0f, 7.5f };
+	for (size_t c = 0; c < sizeof(caps) / sizeof(caps[0]); c++) {
+		const float cap = caps[c], inv = 1.0f / cap;
+		so_run(be[1], SO_SOFTCAP, out, x, NULL, cap, SO_N);
+		for (int i = 0; i < SO_N * SO_DIM; i++) {
+			double want = cap * tanh(x[i] / (double)cap);
+			/* ggml's steps: x * (1/cap), tanhf, * cap; 1/cap and three roundings, tanhf ~1 ulp */
+			float steps = tanhf(x[i] * inv) * cap;
+			if (fbits(out[i]) != fbits(steps))
+				fail_msg("softcap %g [%d]: %a, tanhf(x * (1/cap)) * cap is %a", (double)cap, i,
+					 (double)out[i], (double)steps);
+			if (fabs(out[i] - want) > 5e-7 * fabs(want) + 1e-30)
+				fail_msg("softcap %g (%a) = %.9g want %.9g", (double)cap, (double)x[i],
+					 (double)out[i], want);
+		}
+		so_invariant(be, SO_SOFTCAP, x, NULL, cap, out);
+	}
+	assert_int_equal(be[1]->ops->softcap(be[1], out, 0.0f, 1, SO_DIM), -EINVAL);
+	assert_int_equal(be[1]->ops->softcap(be[1], out, -30.0f, 1, SO_DIM), -EINVAL);
+	be[0]->ops->destroy(be[0]);
+	be[1]->ops->destroy(be[1]);
+}
+
+/* GELU's tanh form in double. */
+static double gelu_ref(double x)
+{
+	return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * x * (1.0 + 0.044715 * x * x)));
+}
+
+/*
+ * geglu follows ggml's f32 CPU kernel: 0 at gate <= -10, gate * up at
+ * gate >= 10, else the f16 table of GELU at the gate's f16. Checked
+ * against that recipe bit for bit, and against the formula in double
+ * within what the two f16 roundings allow.
+ */
+static void test_geglu(void **state)
+{
+	(void)state;
+	static float gate[SO_N * SO_DIM], up[SO_N * SO_DIM], out[SO_N * SO_DIM];
+	struct backend *be[2];
+	double worst = 0.0;
+	assert_int_equal(backend_cpu_create(&be[0], 1), 0);
+	assert_int_equal(backend_cpu_create(&be[1], 2), 0);
+	rng_seed(56);
+	for (int i = 0; i < SO_N * SO_DIM; i++) {
+		gate[i] = i % 97 == 0 ? (i % 2 ? 10.0f : -10.0f) : rng_f(-12.0f, 12.0f);
+		up[i] = rng_f(-2.0f, 2.0f);
+	}
+	gate[1] = 1e-6f;	/* a subnormal f16 */
+	gate[2] = -3e-8f;
+	so_run(be[1], SO_GEGLU, out, gate, up, 0, SO_N);
+	for (int i = 0; i < SO_N * SO_DIM; i++) {
+		float g = gate[i], steps;
+		if (g <= -10.0f)
+			steps = 0.0f;
+		else if (g >= 10.0f)
+			steps = g * up[i];
+		else
+			steps = fp16_round(ops_gelu_f32(fp16_round(g))) * up[i];
+		if (fbits(out[i]) != fbits(steps))
+			fail_msg("geglu(%a, %a) = %a, ggml's recipe gives %a", (double)g, (double)up[i],
+				 (double)out[i], (double)steps);
+		double want = gelu_ref(g) * up[i];
+		/* the gate's f16 (GELU' < 1.13), the result's f16 (2^-24 apart when subnormal), one f32 product */
+		double tol = (1.13 * fabs(g) * 0x1p-11 + fabs(gelu_ref(g)) * 0x1p-11 + 0x1p-24) *
+			     fabs(up[i]);
+		if (fabs(out[i] - want) > tol)
+			fail_msg("geglu(%a, %a) = %.9g want %.9g", (double)g, (double)up[i],
+				 (double)out[i], want);
+		if (fabs(gelu_ref(g)) > 1e-3)	/* not the cancelled tail of negative gates */
+			worst = fmax(worst, fabs(out[i] - want) / fabs(want));
+	}
+	/*
+	 * The formula the table holds, in f32: a few ulps of the double one,
+	 * but 1 + tanh cancels for negative gates (an ulp of 1 times |x| / 2).
+	 */
+	for (int i = 0; i < 20000; i++) {
+		float g = rng_f(-10.0f, 10.0f);
+		double want = gelu_ref(g);
+		if (fabs(ops_gelu_f32(g) - want) > 1e-6 * fabs(want) + fabs(g) * 0x1p-24)
+			fail_msg("gelu_f32(%a) = %.9g want %.9g", (double)g, (double)ops_gelu_f32(g), want);
+	}
+	so_invariant(be, SO_GEGLU, gate, up, 0, out);
+	/* Out of place gives what in place gave. */
+	static float sep[SO_N * SO_DIM];
+	assert_int_equal(be[0]->ops->geglu(be[0], sep, gate, up, SO_N, SO_DIM), 0);
+	assert_memory_equal(sep, out, sizeof(sep));
+	printf("geglu: max relative error against the formula in double %.3g where |gelu| > 1e-3 (f16 table)\n",
+	       worst);
+	be[0]->ops->destroy(be[0]);
+	be[1]->ops->destroy(be[1]);
+}
+
 static void test_fast_expf(void **state)
 {
 	(void)state;
@@ -1592,6 +1747,8 @@ int main(void)
 		cmocka_unit_test(test_matmul),
 		cmocka_unit_test(test_rmsnorm),
 		cmocka_unit_test(test_swiglu),
+		cmocka_unit_test(test_bias_scale_softcap),
+		cmocka_unit_test(test_geglu),
 		cmocka_unit_test(test_fast_expf),
 		cmocka_unit_test(test_rope),
 		cmocka_unit_test(test_attention),

@@ -271,6 +271,32 @@ static void test_rows_ops(void **state)
 	assert_int_equal(REFB->ops->get_rows(REFB, rows, &E, &far, 1), -ERANGE);
 }
 
+/* add_bias, scale, softcap and geglu: each the formula in double, rounded once. */
+static void test_optional_ops(void **state)
+{
+	(void)state;
+	float x[6] = { 1, -2, 3, 0.1f, 1e-3f, -40 }, bias[3] = { 0.5f, 0.25f, -3 };
+	assert_int_equal(REFB->ops->add_bias(REFB, x, bias, 2, 3), 0);
+	assert_true(x[0] == 1.5f && x[1] == -1.75f && x[2] == 0 && x[3] == (float)(0.1 + 0.5) &&
+		    x[4] == (float)((double)1e-3f + 0.25) && x[5] == -43);
+	float y[4] = { 1, -3, 0.7f, 1e30f };
+	assert_int_equal(REFB->ops->scale(REFB, y, 0.1f, 1, 4), 0);
+	assert_true(y[0] == 0.1f && y[1] == (float)(-3 * (double)0.1f) &&
+		    y[2] == (float)((double)0.7f * 0.1f) && y[3] == (float)(1e30 * (double)0.1f));
+	float z[4] = { 0, 15, -60, 1e-3f };
+	assert_int_equal(REFB->ops->softcap(REFB, z, 30.0f, 1, 4), 0);
+	assert_true(z[0] == 0 && z[1] == (float)(30 * tanh(0.5)) && z[2] == (float)(30 * tanh(-2.0)) &&
+		    z[3] == (float)(30 * tanh((double)1e-3f / 30)));
+	assert_int_equal(REFB->ops->softcap(REFB, z, 0.0f, 1, 4), -EINVAL);
+	float g[4] = { 0, 1, -2, 12 }, u[4] = { 5, 2, 3, 0.5f };
+	assert_int_equal(REFB->ops->geglu(REFB, g, g, u, 1, 4), 0);
+	const double c = sqrt(2 / M_PI);
+	assert_true(g[0] == 0);
+	assert_true(g[1] == (float)(0.5 * (1 + tanh(c * 1.044715)) * 2));
+	assert_true(g[2] == (float)(-1 * (1 + tanh(c * -2 * (1 + 0.044715 * 4))) * 3));
+	assert_true(g[3] == (float)(6 * (1 + tanh(c * 12 * (1 + 0.044715 * 144))) * 0.5));
+}
+
 /* Normal pairs (0, 1), (2, 3); neox pairs (0, 2), (1, 3); pair i turns by pos * theta^(-2i / rot_dim). */
 static void test_rope(void **state)
 {
@@ -629,6 +655,42 @@ static void test_cpu_rows(void **state)
 	assert_true(e_far < 5e-3);
 }
 
+/*
+ * The optional ops, CPU against the reference: bias and scale are one f32
+ * rounding on both; softcap's tanhf is within an ulp or two; geglu's f16
+ * table (ggml's) rounds the gate and GELU to f16: about 2^-11 (1.13 + 0.5)
+ * of |gate * up|.
+ */
+static void test_cpu_optional(void **state)
+{
+	(void)state;
+	enum { N = 5, FF = 1536 };
+	static float x[N * FF], u[N * FF], a[N * FF], b[N * FF];
+	struct rng r = rng_make(6);
+	fill(x, N * FF, &r, 8);
+	fill(u, N * FF, &r, 2);
+	memcpy(a, x, sizeof(x));
+	memcpy(b, x, sizeof(x));
+	assert_int_equal(REFB->ops->add_bias(REFB, a, u, N, FF), 0);
+	assert_int_equal(CPUB->ops->add_bias(CPUB, b, u, N, FF), 0);
+	assert_memory_equal(a, b, sizeof(a));
+	assert_int_equal(REFB->ops->scale(REFB, a, 24.0f, N, FF), 0);
+	assert_int_equal(CPUB->ops->scale(CPUB, b, 24.0f, N, FF), 0);
+	assert_memory_equal(a, b, sizeof(a));
+	assert_int_equal(REFB->ops->softcap(REFB, a, 30.0f, N, FF), 0);
+	assert_int_equal(CPUB->ops->softcap(CPUB, b, 30.0f, N, FF), 0);
+	double e_cap = max_rel(b, a, N * FF);
+	assert_int_equal(REFB->ops->geglu(REFB, a, x, u, N, FF), 0);
+	assert_int_equal(CPUB->ops->geglu(CPUB, b, x, u, N, FF), 0);
+	double e_gelu = 0;
+	for (size_t i = 0; i < N * FF; i++)
+		e_gelu = fmax(e_gelu, fabs(b[i] - a[i]) / fabs((double)x[i] * u[i]));
+	print_message("cpu vs ref: softcap %.2e, geglu %.2e of |gate * up| (f16 table)\n", e_cap,
+		      e_gelu);
+	assert_true(e_cap < 1e-6);
+	assert_true(e_gelu < 1e-3);
+}
+
 /* One contiguous cache of type for NP positions, GQA 9/3 of 64: the model's attention. */
 static double compare_attention(uint32_t type, uint32_t np)
 {
@@ -870,6 +932,7 @@ int main(void)
 		cmocka_unit_test(test_matmul_exact),
 		cmocka_unit_test(test_matmul_invariant),
 		cmocka_unit_test(test_rows_ops),
+		cmocka_unit_test(test_optional_ops),
 		cmocka_unit_test(test_rope),
 		cmocka_unit_test(test_attention_exact),
 		cmocka_unit_test(test_kv_types),
@@ -877,6 +940,7 @@ int main(void)
 		cmocka_unit_test(test_kv_default),
 		cmocka_unit_test(test_cpu_matmul),
 		cmocka_unit_test(test_cpu_rows),
+		cmocka_unit_test(test_cpu_optional),
 		cmocka_unit_test(test_cpu_attention),
 		cmocka_unit_test(test_model),
 	};

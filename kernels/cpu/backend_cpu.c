@@ -290,6 +290,7 @@ struct row_job {
 	int neox;
 	int failed;
 	float eps;
+	float s;		/* scale() factor or softcap() cap */
 };
 
 static void rmsnorm_task(void *ctx, uint32_t r)
@@ -328,6 +329,62 @@ static int cpu_add(struct backend *b, float *x, const float *y, uint32_t n, uint
 	size_t total = (size_t)n * dim;
 	for (size_t i = 0; i < total; i++)
 		x[i] += y[i];
+	return 0;
+}
+
+static void add_bias_task(void *ctx, uint32_t r)
+{
+	struct row_job *j = ctx;
+	ops_add_bias_row(j->out + (size_t)r * j->dim, j->g, j->dim);
+}
+
+static int cpu_add_bias(struct backend *b, float *x, const float *bias, uint32_t n, uint32_t dim)
+{
+	struct row_job j = { .out = x, .g = bias, .dim = dim };
+	threadpool_run(CPU(b)->tp, add_bias_task, &j, n);
+	return 0;
+}
+
+static void scale_task(void *ctx, uint32_t r)
+{
+	struct row_job *j = ctx;
+	ops_scale_row(j->out + (size_t)r * j->dim, j->s, j->dim);
+}
+
+static int cpu_scale(struct backend *b, float *x, float s, uint32_t n, uint32_t dim)
+{
+	struct row_job j = { .out = x, .s = s, .dim = dim };
+	threadpool_run(CPU(b)->tp, scale_task, &j, n);
+	return 0;
+}
+
+static void softcap_task(void *ctx, uint32_t r)
+{
+	struct row_job *j = ctx;
+	ops_softcap_row(j->out + (size_t)r * j->dim, j->s, j->dim);
+}
+
+static int cpu_softcap(struct backend *b, float *x, float cap, uint32_t n, uint32_t dim)
+{
+	if (!(cap > 0.0f))
+		return -EINVAL;
+	struct row_job j = { .out = x, .s = cap, .dim = dim };
+	threadpool_run(CPU(b)->tp, softcap_task, &j, n);
+	return 0;
+}
+
+static void geglu_task(void *ctx, uint32_t r)
+{
+	struct row_job *j = ctx;
+	size_t o = (size_t)r * j->dim;
+	ops_geglu_row(j->out + o, j->x + o, j->y + o, j->dim);
+}
+
+static int cpu_geglu(struct backend *b, float *out, const float *gate, const float *up,
+		     uint32_t n, uint32_t dim)
+{
+	struct row_job j = { .out = out, .x = gate, .y = up, .dim = dim };
+	threadpool_run(CPU(b)->tp, geglu_task, &j, n);
 	return 0;
 }
 
@@ -645,6 +702,10 @@ static const struct backend_ops cpu_ops = {
 	.copy = cpu_memcpy,
 	.import = cpu_import,
 	.unimport = cpu_unimport,
+	.add_bias = cpu_add_bias,
+	.scale = cpu_scale,
+	.softcap = cpu_softcap,
+	.geglu = cpu_geglu,
 };
 
 int backend_cpu_create(struct backend **out, uint32_t n_threads)

@@ -57,6 +57,69 @@ CLONES void ops_swiglu_row(float *out, const float *gate, const float *up, uint3
 	}
 }
 
+CLONES void ops_add_bias_row(float *x, const float *bias, uint32_t dim)
+{
+	for (uint32_t i = 0; i < dim; i++)
+		x[i] += bias[i];
+}
+
+CLONES void ops_scale_row(float *x, float s, uint32_t dim)
+{
+	for (uint32_t i = 0; i < dim; i++)
+		x[i] *= s;
+}
+
+/* tanhf is libm's, one implementation per process: the same bits whatever the batch or thread. */
+void ops_softcap_row(float *x, float cap, uint32_t dim)
+{
+	const float inv = 1.0f / cap;
+	for (uint32_t i = 0; i < dim; i++)
+		x[i] = tanhf(x[i] * inv) * cap;
+}
+
+/* ggml's constants, as f32. */
+#define GELU_A 0.044715f
+#define GELU_S 0.79788456080286535587989211986876f
+
+/*
+ * ggml's build fuses 1 + (A x) x into one fma (its compiler contracts
+ * floating point; this project's does not, so it is written out): the
+ * unfused sum moves table entries by an f16 ulp, gates near -2.
+ */
+float ops_gelu_f32(float x)
+{
+	return 0.5f * x * (1.0f + tanhf(GELU_S * x * fmaf(GELU_A * x, x, 1.0f)));
+}
+
+/*
+ * ggml's CPU backend computes an f32 GELU through a table of f16 results
+ * indexed by the input's f16 (GGML_GELU_FP16, always defined in its
+ * vec.h); llama.cpp's Gemma runs that, so this does too, and its error
+ * (about 2^-11 relative from each rounding) is llama.cpp's own.
+ */
+static uint16_t gelu_tab[1 << 16];
+static pthread_once_t gelu_once = PTHREAD_ONCE_INIT;
+
+static void gelu_tab_init(void)
+{
+	for (uint32_t h = 0; h < (1u << 16); h++)
+		gelu_tab[h] = f32_to_fp16(ops_gelu_f32(fp16_to_f32((uint16_t)h)));
+}
+
+void ops_geglu_row(float *out, const float *gate, const float *up, uint32_t dim)
+{
+	pthread_once(&gelu_once, gelu_tab_init);
+	for (uint32_t i = 0; i < dim; i++) {
+		float g = gate[i];
+		if (g <= -10.0f)
+			out[i] = 0.0f;
+		else if (g >= 10.0f)
+			out[i] = g * up[i];
+		else
+			out[i] = fp16_to_f32(gelu_tab[f32_to_fp16(g)]) * up[i];
+	}
+}
+
 void ops_rope_table(float *cs, uint32_t pos, uint32_t rot_dim, float theta)
 {
 	/* The angle advances by a constant factor per pair, in f32, as llama.cpp computes it. */

@@ -12,6 +12,21 @@ float fast_expf(float x);
 void ops_rmsnorm_row(float *out, const float *x, const float *g, uint32_t dim, float eps);
 /* out (dim,) = silu(gate) * up */
 void ops_swiglu_row(float *out, const float *gate, const float *up, uint32_t dim);
+/* x (dim,) += bias (dim,) */
+void ops_add_bias_row(float *x, const float *bias, uint32_t dim);
+/* x (dim,) *= s */
+void ops_scale_row(float *x, float s, uint32_t dim);
+/* x (dim,) = tanh(x * (1 / cap)) * cap, in f32 as ggml's scale, tanh, scale */
+void ops_softcap_row(float *x, float cap, uint32_t dim);
+/*
+ * out (dim,) = gelu(gate) * up, GELU's tanh form as ggml's f32 GEGLU takes
+ * it: gate <= -10 gives 0, gate >= 10 gives gate * up, anything between is
+ * looked up by its f16 in a table of f16 results.
+ */
+void ops_geglu_row(float *out, const float *gate, const float *up, uint32_t dim);
+/* GELU's tanh form in f32, the formula the table is made of (for tests). */
+float ops_gelu_f32(float x);
+
 /* x (n_heads, head_dim) rotated by the (cos, sin) pairs cs (rot_dim / 2, 2) */
 void ops_rope_row(float *x, const float *cs, uint32_t n_heads, uint32_t head_dim,
 		  uint32_t rot_dim, int neox);

@@ -222,6 +222,10 @@ static const struct backend_ops ref_ops = {
 	.copy = ref_memcpy,
 	.import = ref_import,
 	.unimport = ref_unimport,
+	.add_bias = ref_add_bias,
+	.scale = ref_scale,
+	.softcap = ref_softcap,
+	.geglu = ref_geglu,
 };
 
 int backend_ref_create(struct backend **out, uint32_t n_threads)

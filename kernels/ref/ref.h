@@ -31,6 +31,11 @@ int ref_swiglu(struct backend *b, float *out, const float *gate, const float *up
 int ref_add(struct backend *b, float *x, const float *y, uint32_t n, uint32_t dim);
 int ref_add_rmsnorm(struct backend *b, float *out, float *x, const float *y, const float *g,
 		    uint32_t n, uint32_t dim, float eps);
+int ref_add_bias(struct backend *b, float *x, const float *bias, uint32_t n, uint32_t dim);
+int ref_scale(struct backend *b, float *x, float s, uint32_t n, uint32_t dim);
+int ref_softcap(struct backend *b, float *x, float cap, uint32_t n, uint32_t dim);
+int ref_geglu(struct backend *b, float *out, const float *gate, const float *up, uint32_t n,
+	      uint32_t dim);
 int ref_argmax(struct backend *b, uint32_t *ids, const float *x, uint32_t n, uint32_t dim);
 int ref_write_kv_rows(struct backend *b, const struct kb_kv_rows *kv, const uint32_t *pos,
 		      uint32_t n, uint32_t kv_dim, const float *k, const float *v);

@@ -54,6 +54,46 @@ int ref_swiglu(struct backend *b, float *out, const float *gate, const float *up
 	return 0;
 }
 
+int ref_add_bias(struct backend *b, float *x, const float *bias, uint32_t n, uint32_t dim)
+{
+	(void)b;
+	for (size_t r = 0; r < n; r++)
+		for (uint32_t i = 0; i < dim; i++)
+			x[r * dim + i] = (float)((double)x[r * dim + i] + bias[i]);
+	return 0;
+}
+
+int ref_scale(struct backend *b, float *x, float s, uint32_t n, uint32_t dim)
+{
+	(void)b;
+	for (size_t i = 0; i < (size_t)n * dim; i++)
+		x[i] = (float)((double)x[i] * s);
+	return 0;
+}
+
+int ref_softcap(struct backend *b, float *x, float cap, uint32_t n, uint32_t dim)
+{
+	(void)b;
+	if (!(cap > 0.0f))
+		return -EINVAL;
+	for (size_t i = 0; i < (size_t)n * dim; i++)
+		x[i] = (float)(cap * tanh(x[i] / (double)cap));
+	return 0;
+}
+
+/* The formula itself, in double: no f16 table, unlike ggml's CPU (and this project's). */
+int ref_geglu(struct backend *b, float *out, const float *gate, const float *up, uint32_t n,
+	      uint32_t dim)
+{
+	(void)b;
+	const double c = sqrt(2.0 / M_PI);
+	for (size_t i = 0; i < (size_t)n * dim; i++) {
+		double g = gate[i];
+		out[i] = (float)(0.5 * g * (1.0 + tanh(c * g * (1.0 + 0.044715 * g * g))) * up[i]);
+	}
+	return 0;
+}
+
 /*
  * Pair i of each head turns by pos * theta^(-2i / rot_dim), the angle and
  * its cosine and sine in double (no table: nothing carries from one
