@@ -1223,7 +1223,7 @@ static void test_rope(void **state)
 			x0[i] = x[i] = rng_f(-1.0f, 1.0f);
 		assert_int_equal(be->ops->rope(be, x, pos, N, NH, HD, &KB_ROPE_PLAIN(rot, cfg[c].theta, cfg[c].neox)), 0);
 		for (int r = 0; r < N; r++) {
-			ops_rope_table(cs, pos[r], rot, cfg[c].theta);
+			ops_rope_table(cs, pos[r], &KB_ROPE_PLAIN(rot, cfg[c].theta, cfg[c].neox), NULL);
 			for (uint32_t i = 0; i < half; i++) {
 				double a = pos[r] * pow(cfg[c].theta, -2.0 * i / rot);
 				if (fabs(cs[2 * i] - cos(a)) > rope_tol(pos[r]) ||
@@ -1267,6 +1267,147 @@ static void test_rope(void **state)
 	assert_int_equal(be->ops->rope(be, x, pos, 1, NH, HD, &KB_ROPE_PLAIN(HD + 2, 10000.0f, 0)), -EINVAL);
 	assert_int_equal(be->ops->rope(be, x, pos, 1, NH, HD, &KB_ROPE_PLAIN(31, 10000.0f, 0)), -EINVAL);
 	be->ops->destroy(be);
+}
+
+/*
+ * ggml's rope by hand, in double: pair i's angle pos * theta^(-2i / rot)
+ * over its factor, times freq_scale, mixed back toward the unscaled angle
+ * by ext_factor times YaRN's ramp (1 below corr_lo, 0 above corr_hi); cos
+ * and sin times attn_factor, and with YaRN times 1 + 0.1 ln(1 / freq_scale).
+ */
+static void rope_want(double *c, double *s, uint32_t pos, uint32_t i, const struct kb_rope *rp)
+{
+	double e = pos * pow(rp->theta, -2.0 * i / rp->rot_dim), m = rp->attn_factor;
+	if (rp->h_freq_factors)
+		e /= rp->h_freq_factors[i];
+	double a = rp->freq_scale * e;
+	if (rp->ext_factor != 0.0f) {
+		double y = (i - (double)rp->corr_lo) / fmax(0.001, (double)rp->corr_hi - rp->corr_lo);
+		double mix = (1.0 - fmin(1.0, fmax(0.0, y))) * rp->ext_factor;
+		a = a * (1.0 - mix) + e * mix;
+		m *= 1.0 + 0.1 * log(1.0 / rp->freq_scale);
+	}
+	*c = cos(a) * m;
+	*s = sin(a) * m;
+}
+
+enum { RS_NH = 2, RS_HD = 64, RS_N = 9 };
+
+/* x (RS_N, RS_NH, RS_HD) turned by rp on a backend of its own (a cold cos/sin table). */
+static void rope_fresh(float *x, const uint32_t *pos, const struct kb_rope *rp)
+{
+	struct backend *be;
+	assert_int_equal(backend_cpu_create(&be, 1), 0);
+	assert_int_equal(be->ops->rope(be, x, pos, RS_N, RS_NH, RS_HD, rp), 0);
+	be->ops->destroy(be);
+}
+
+/* in turned by rp on be equals the hand computation, and a fresh backend's result bit for bit. */
+static void rope_check(struct backend *be, const float *in, const uint32_t *pos,
+		       const struct kb_rope *rp, const char *what)
+{
+	static float x[RS_N * RS_NH * RS_HD], y[RS_N * RS_NH * RS_HD];
+	const uint32_t half = rp->rot_dim / 2;
+	memcpy(x, in, sizeof(x));
+	memcpy(y, in, sizeof(y));
+	assert_int_equal(be->ops->rope(be, x, pos, RS_N, RS_NH, RS_HD, rp), 0);
+	rope_fresh(y, pos, rp);
+	if (memcmp(x, y, sizeof(x)))
+		fail_msg("rope %s: a warm table differs from a fresh one", what);
+	for (int r = 0; r < RS_N; r++)
+		for (int h = 0; h < RS_NH; h++) {
+			const float *a = in + (r * RS_NH + h) * RS_HD, *o = x + (r * RS_NH + h) * RS_HD;
+			for (uint32_t i = 0; i < half; i++) {
+				uint32_t i0 = rp->neox ? i : 2 * i, i1 = rp->neox ? i + half : 2 * i + 1;
+				double c, s;
+				rope_want(&c, &s, pos[r], i, rp);
+				double w0 = a[i0] * c - a[i1] * s, w1 = a[i0] * s + a[i1] * c;
+				/* the f32 running angle (rope_tol), then scaled by at most 1; f32 magnitudes */
+				double tol = (rope_tol(pos[r]) + 1e-6) * (fabs(a[i0]) + fabs(a[i1])) *
+					     fmax(1.0, sqrt(c * c + s * s));
+				if (fabs(o[i0] - w0) > tol || fabs(o[i1] - w1) > tol)
+					fail_msg("rope %s pos %u head %d pair %u: (%.9g, %.9g) want (%.9g, %.9g)",
+						 what, pos[r], h, i, (double)o[i0], (double)o[i1], w0, w1);
+			}
+			assert_memory_equal(o + rp->rot_dim, a + rp->rot_dim,
+					    sizeof(float) * (RS_HD - rp->rot_dim));
+		}
+}
+
+/*
+ * Frequency factors, linear and YaRN scaling against the hand computation;
+ * the cos/sin table follows a change of any one parameter (a warm backend
+ * must give a cold one's bits), the factors' values at the same pointer
+ * included; rows alone and on either thread count give the batch's bits.
+ */
+static void test_rope_scaled(void **state)
+{
+	(void)state;
+	static float in[RS_N * RS_NH * RS_HD], x[RS_N * RS_NH * RS_HD], one[RS_NH * RS_HD];
+	static const uint32_t pos[RS_N] = { 0, 1, 2, 9, 100, 511, 2047, 4000, 8191 };
+	float ff[RS_HD / 2];
+	struct backend *be[2];
+	assert_int_equal(backend_cpu_create(&be[0], 1), 0);
+	assert_int_equal(backend_cpu_create(&be[1], 2), 0);
+	rng_seed(57);
+	for (size_t i = 0; i < sizeof(in) / sizeof(in[0]); i++)
+		in[i] = rng_f(-1.0f, 1.0f);
+	for (int i = 0; i < RS_HD / 2; i++)	/* Llama 3's shape: 1 for high frequencies, up to 8 */
+		ff[i] = i < 12 ? 1.0f : i < 20 ? 1.0f + (float)(i - 12) : 8.0f;
+	struct kb_rope base = KB_ROPE_PLAIN(48, 500000.0f, 0);
+	rope_check(be[1], in, pos, &base, "plain");
+	struct kb_rope r = base;
+	r.freq_factors = r.h_freq_factors = ff;
+	rope_check(be[1], in, pos, &r, "factors");
+	ff[20] = 3.5f;	/* the same buffer, one factor changed */
+	rope_check(be[1], in, pos, &r, "factors changed in place");
+	r.freq_scale = 0.25f;
+	rope_check(be[1], in, pos, &r, "factors + linear");
+	r = base;
+	r.freq_scale = 0.25f;
+	r.neox = 1;
+	rope_check(be[1], in, pos, &r, "linear neox");
+	/* YaRN: pairs below corr_lo keep the unscaled angle, pairs above corr_hi are interpolated. */
+	r.ext_factor = 1.0f;
+	r.corr_lo = 5.0f;
+	r.corr_hi = 13.0f;
+	rope_check(be[1], in, pos, &r, "yarn");
+	struct { float *f; float v; const char *what; } steps[] = {
+		{ &r.ext_factor, 0.6f, "yarn ext_factor" }, { &r.attn_factor, 0.9f, "yarn attn_factor" },
+		{ &r.corr_lo, 3.0f, "yarn corr_lo" }, { &r.corr_hi, 20.0f, "yarn corr_hi" },
+		{ &r.freq_scale, 0.125f, "yarn freq_scale" }, { &r.theta, 10000.0f, "yarn theta" },
+	};
+	for (size_t i = 0; i < sizeof(steps) / sizeof(steps[0]); i++) {
+		*steps[i].f = steps[i].v;
+		rope_check(be[1], in, pos, &r, steps[i].what);
+	}
+	r.freq_factors = r.h_freq_factors = ff;
+	rope_check(be[1], in, pos, &r, "yarn + factors");
+	r.rot_dim = 64;
+	rope_check(be[1], in, pos, &r, "yarn + factors, rot_dim 64");
+	/* Two settings in turn (layers that alternate), then a third: every table still right. */
+	for (int k = 0; k < 3; k++) {
+		rope_check(be[1], in, pos, &base, "alternating, plain");
+		rope_check(be[1], in, pos, &r, "alternating, yarn");
+	}
+	ff[3] = 0.5f;
+	rope_check(be[1], in, pos, &r, "alternating, factors changed in place");
+	rope_check(be[1], in, pos, &base, "alternating, plain again");
+	/* Batch invariance: each row alone, on 1 and 2 threads. */
+	memcpy(x, in, sizeof(x));
+	assert_int_equal(be[1]->ops->rope(be[1], x, pos, RS_N, RS_NH, RS_HD, &r), 0);
+	for (int b = 0; b < 2; b++)
+		for (int i = RS_N - 1; i >= 0; i--) {
+			memcpy(one, in + i * RS_NH * RS_HD, sizeof(one));
+			assert_int_equal(be[b]->ops->rope(be[b], one, pos + i, 1, RS_NH, RS_HD, &r), 0);
+			if (memcmp(one, x + i * RS_NH * RS_HD, sizeof(one)))
+				fail_msg("rope yarn: row %d alone on %u threads differs from the batch", i,
+					 be[b]->n_threads);
+		}
+	r.freq_scale = 0.0f;
+	assert_int_equal(be[1]->ops->rope(be[1], x, pos, 1, RS_NH, RS_HD, &r), -EINVAL);
+	be[0]->ops->destroy(be[0]);
+	be[1]->ops->destroy(be[1]);
 }
 
 /* ---- 6. attention ---- */
@@ -1751,6 +1892,7 @@ int main(void)
 		cmocka_unit_test(test_geglu),
 		cmocka_unit_test(test_fast_expf),
 		cmocka_unit_test(test_rope),
+		cmocka_unit_test(test_rope_scaled),
 		cmocka_unit_test(test_attention),
 		cmocka_unit_test(test_attention_paths),
 		cmocka_unit_test(test_threadpool),

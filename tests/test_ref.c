@@ -325,6 +325,42 @@ static void test_rope(void **state)
 	assert_int_equal(REFB->ops->rope(REFB, x, pos, 1, 1, 4, &KB_ROPE_PLAIN(3, 100.0f, 0)), -EINVAL);
 }
 
+/*
+ * Factors divide each pair's angle; freq_scale multiplies it; YaRN
+ * (ext_factor 0.5, ramp from pair 0.5 to 1.5: pair 0 at 1, pair 1 at 0.5)
+ * mixes the scaled angle back toward the unscaled one and scales cos and
+ * sin by attn_factor (1 + 0.1 ln(1 / freq_scale)). Four dims, two pairs.
+ */
+static void test_rope_scaled(void **state)
+{
+	(void)state;
+	const float x0[4] = { 1, 2, 3, 4 }, ff[2] = { 2.0f, 4.0f };
+	const double e0 = 3.0 / 2, e1 = 3.0 * pow(100.0, -0.5) / 4;
+	float x[4];
+	uint32_t pos = 3;
+	struct kb_rope r = KB_ROPE_PLAIN(4, 100.0f, 0);
+	r.freq_factors = r.h_freq_factors = ff;
+	r.freq_scale = 0.25f;
+	memcpy(x, x0, sizeof(x0));
+	assert_int_equal(REFB->ops->rope(REFB, x, &pos, 1, 1, 4, &r), 0);
+	assert_true(x[0] == (float)(1 * cos(e0 / 4) - 2 * sin(e0 / 4)));
+	assert_true(x[3] == (float)(3 * sin(e1 / 4) + 4 * cos(e1 / 4)));
+	r.ext_factor = 0.5f;
+	r.attn_factor = 0.75f;
+	r.corr_lo = 0.5f;
+	r.corr_hi = 1.5f;
+	const double m = 0.75 * (1 + 0.1 * log(4.0));
+	const double a0 = e0 / 4 * 0.5 + e0 * 0.5, a1 = e1 / 4 * 0.75 + e1 * 0.25;
+	memcpy(x, x0, sizeof(x0));
+	assert_int_equal(REFB->ops->rope(REFB, x, &pos, 1, 1, 4, &r), 0);
+	assert_true(x[0] == (float)(1 * cos(a0) * m - 2 * sin(a0) * m));
+	assert_true(x[1] == (float)(1 * sin(a0) * m + 2 * cos(a0) * m));
+	assert_true(x[2] == (float)(3 * cos(a1) * m - 4 * sin(a1) * m));
+	assert_true(x[3] == (float)(3 * sin(a1) * m + 4 * cos(a1) * m));
+	r.freq_scale = 0.0f;
+	assert_int_equal(REFB->ops->rope(REFB, x, &pos, 1, 1, 4, &r), -EINVAL);
+}
+
 /* A paged cache of type: 2-token blocks, the sequence's table out of order. */
 struct tiny_kv {
 	uint8_t pool[4 * 2 * 2 * 64];	/* 4 blocks x (K, V) x 2 tokens x rows of up to 64 B */
@@ -646,6 +682,20 @@ static void test_cpu_rows(void **state)
 		e_rope[neox] = max_rel(b, a, 5 * NH * HD);
 	}
 	double e_far = max_rel(b + 5 * NH * HD, a + 5 * NH * HD, 2 * NH * HD);
+	/* Llama 3's factors with YaRN on top: the same agreement. */
+	float ff[HD / 2];
+	for (int i = 0; i < HD / 2; i++)
+		ff[i] = i < 10 ? 1.0f : i < 20 ? (float)(i - 9) : 10.0f;
+	struct kb_rope yr = { .rot_dim = HD, .theta = 500000.0f, .freq_scale = 0.125f,
+			      .ext_factor = 1.0f, .attn_factor = 0.9f, .corr_lo = 6.0f,
+			      .corr_hi = 18.0f, .freq_factors = ff, .h_freq_factors = ff };
+	memcpy(a, x, N * NH * HD * sizeof(float));
+	memcpy(b, x, N * NH * HD * sizeof(float));
+	assert_int_equal(REFB->ops->rope(REFB, a, pos, N, NH, HD, &yr), 0);
+	assert_int_equal(CPUB->ops->rope(CPUB, b, pos, N, NH, HD, &yr), 0);
+	double e_yarn = max_rel(b, a, 5 * NH * HD);
+	print_message("cpu vs ref: rope with factors and yarn %.2e (pos < 512)\n", e_yarn);
+	assert_true(e_yarn < 1e-4);
 	print_message("cpu vs ref: rmsnorm %.2e, swiglu %.2e, rope %.2e / neox %.2e (pos < 512), %.2e (pos 2047, 8191)\n",
 		      e_norm, e_swi, e_rope[0], e_rope[1], e_far);
 	assert_true(e_norm < 1e-6);
@@ -934,6 +984,7 @@ int main(void)
 		cmocka_unit_test(test_rows_ops),
 		cmocka_unit_test(test_optional_ops),
 		cmocka_unit_test(test_rope),
+		cmocka_unit_test(test_rope_scaled),
 		cmocka_unit_test(test_attention_exact),
 		cmocka_unit_test(test_kv_types),
 		cmocka_unit_test(test_choose),

@@ -12,6 +12,29 @@
 #include "kernels/cpu/repack.h"
 #include "kernels/cpu/threadpool.h"
 
+/*
+ * Everything a cos/sin table depends on, compared bit for bit; the
+ * factors' values are compared too (in ff), so a caller may refill one
+ * buffer between calls.
+ */
+struct rope_key {
+	uint32_t rot_dim;
+	uint32_t has_ff;
+	float theta, freq_scale, ext_factor, attn_factor, corr_lo, corr_hi;
+};
+
+/* One cos/sin table: positions 0..npos-1 for one set of parameters. */
+struct rope_tab {
+	struct rope_key key;
+	float *ff;		/* (rot_dim / 2,) the factors it was made with, when has_ff */
+	float *cs;		/* (npos, rot_dim / 2, 2) */
+	uint32_t npos;
+	uint64_t used;		/* cpu_backend.rope_clock at the last call that used it */
+};
+
+/* Two tables: models whose layers alternate two RoPE settings rebuild neither. */
+#define ROPE_TABS 2
+
 struct cpu_backend {
 	struct backend base;
 	struct threadpool *tp;
@@ -20,10 +43,8 @@ struct cpu_backend {
 	struct rp_cache rpc;	/* imported weights and their repacked forms */
 	void *rp_tmp;		/* repacked copies of a matmul's weights that were not imported */
 	size_t rp_tmp_cap;
-	float *rope_cs;		/* (rope_npos, rot_dim / 2, 2) cos/sin cache */
-	uint32_t rope_npos;
-	uint32_t rope_dim;
-	float rope_theta;
+	struct rope_tab rope[ROPE_TABS];
+	uint64_t rope_clock;	/* stamps rope[].used */
 };
 
 #define CPU(b) ((struct cpu_backend *)(b))
@@ -282,7 +303,6 @@ struct row_job {
 	const struct kb_kv_view *kv;
 	const struct kb_kv_rows *kvr;
 	const struct kb_attn_shape *shape;
-	struct cpu_backend *cb;
 	uint32_t dim;
 	uint32_t n_heads;
 	uint32_t head_dim;
@@ -388,24 +408,54 @@ static int cpu_geglu(struct backend *b, float *out, const float *gate, const flo
 	return 0;
 }
 
-/* Grow the cos/sin cache to cover positions < npos for this rotation. */
-static int rope_cache(struct cpu_backend *cb, uint32_t npos, uint32_t rot_dim, float theta)
+/* The table for these parameters: a kept one that matches, else the least recently used, emptied. */
+static int rope_find(struct cpu_backend *cb, const struct kb_rope *rope, const float *ff,
+		     struct rope_tab **out)
 {
-	if (cb->rope_dim != rot_dim || cb->rope_theta != theta) {
-		cb->rope_npos = 0;
-		cb->rope_dim = rot_dim;
-		cb->rope_theta = theta;
+	struct rope_key k = { .rot_dim = rope->rot_dim, .has_ff = ff != NULL, .theta = rope->theta,
+			      .freq_scale = rope->freq_scale, .ext_factor = rope->ext_factor,
+			      .attn_factor = rope->attn_factor, .corr_lo = rope->corr_lo,
+			      .corr_hi = rope->corr_hi };
+	size_t ffb = (size_t)(rope->rot_dim / 2) * sizeof(float);
+	struct rope_tab *t = &cb->rope[0];
+	for (int i = 0; i < ROPE_TABS; i++) {
+		struct rope_tab *c = &cb->rope[i];
+		if (c->npos && !memcmp(&c->key, &k, sizeof(k)) && (!ff || !memcmp(c->ff, ff, ffb))) {
+			t = c;
+			goto found;
+		}
+		if (c->used < t->used)
+			t = c;
 	}
-	if (npos <= cb->rope_npos)
+	if (ff) {
+		float *p = realloc(t->ff, ffb ? ffb : 1);
+		if (!p)
+			return -ENOMEM;
+		t->ff = p;
+		memcpy(t->ff, ff, ffb);
+	}
+	t->key = k;
+	t->npos = 0;
+found:
+	t->used = ++cb->rope_clock;
+	*out = t;
+	return 0;
+}
+
+/* Grow table t to cover positions < npos. */
+static int rope_grow(struct rope_tab *t, uint32_t npos, const struct kb_rope *rope)
+{
+	if (npos <= t->npos)
 		return 0;
-	uint32_t want = npos < 2 * cb->rope_npos ? 2 * cb->rope_npos : npos;
-	float *p = realloc(cb->rope_cs, (size_t)want * rot_dim * sizeof(float));
+	uint32_t rot_dim = rope->rot_dim;
+	uint32_t want = npos < 2 * t->npos ? 2 * t->npos : npos;
+	float *p = realloc(t->cs, (size_t)want * rot_dim * sizeof(float) + 1);
 	if (!p)
 		return -ENOMEM;
-	cb->rope_cs = p;
-	for (uint32_t i = cb->rope_npos; i < want; i++)
-		ops_rope_table(p + (size_t)i * rot_dim, i, rot_dim, theta);
-	cb->rope_npos = want;
+	t->cs = p;
+	for (uint32_t i = t->npos; i < want; i++)
+		ops_rope_table(p + (size_t)i * rot_dim, i, rope, t->key.has_ff ? t->ff : NULL);
+	t->npos = want;
 	return 0;
 }
 
@@ -413,8 +463,8 @@ static void rope_task(void *ctx, uint32_t r)
 {
 	struct row_job *j = ctx;
 	ops_rope_row(j->out + (size_t)r * j->n_heads * j->head_dim,
-		     j->cb->rope_cs + (size_t)j->pos[r] * j->rot_dim, j->n_heads, j->head_dim,
-		     j->rot_dim, j->neox);
+		     j->g + (size_t)j->pos[r] * j->rot_dim, j->n_heads, j->head_dim, j->rot_dim,
+		     j->neox);
 }
 
 static int cpu_rope(struct backend *b, float *x, const uint32_t *pos, uint32_t n,
@@ -424,16 +474,18 @@ static int cpu_rope(struct backend *b, float *x, const uint32_t *pos, uint32_t n
 	uint32_t rot_dim = rope->rot_dim;
 	if (rot_dim > head_dim || rot_dim % 2)
 		return -EINVAL;
-	if (rope->freq_factors || rope->freq_scale != 1.0f || rope->ext_factor != 0.0f ||
-	    rope->attn_factor != 1.0f)
-		return -ENOTSUP;
+	if (!(rope->theta > 0.0f) || !(rope->freq_scale > 0.0f))
+		return -EINVAL;
+	/* A host backend's buffers are host memory: either pointer holds the factors. */
+	const float *ff = rope->h_freq_factors ? rope->h_freq_factors : rope->freq_factors;
 	uint32_t maxp = 0;
 	for (uint32_t r = 0; r < n; r++)
 		maxp = pos[r] > maxp ? pos[r] : maxp;
-	int rc = rope_cache(cb, maxp + 1, rot_dim, rope->theta);
-	if (rc)
+	struct rope_tab *t;
+	int rc = rope_find(cb, rope, ff, &t);
+	if (rc || (n && (rc = rope_grow(t, maxp + 1, rope))))
 		return rc;
-	struct row_job j = { .out = x, .pos = pos, .cb = cb, .n_heads = n_heads,
+	struct row_job j = { .out = x, .pos = pos, .g = t->cs, .n_heads = n_heads,
 			     .head_dim = head_dim, .rot_dim = rot_dim, .neox = rope->neox };
 	threadpool_run(cb->tp, rope_task, &j, n);
 	return 0;
@@ -677,7 +729,10 @@ static void cpu_destroy(struct backend *b)
 	free(cb->xq);
 	rp_cache_free(&cb->rpc);
 	free(cb->rp_tmp);
-	free(cb->rope_cs);
+	for (int i = 0; i < ROPE_TABS; i++) {
+		free(cb->rope[i].cs);
+		free(cb->rope[i].ff);
+	}
 	free(cb);
 }
 

@@ -120,14 +120,36 @@ void ops_geglu_row(float *out, const float *gate, const float *up, uint32_t dim)
 	}
 }
 
-void ops_rope_table(float *cs, uint32_t pos, uint32_t rot_dim, float theta)
+/* YaRN's ramp over pair index i: 1 below corr_lo, 0 above corr_hi, linear between. */
+static float rope_ramp(float lo, float hi, uint32_t i)
 {
-	/* The angle advances by a constant factor per pair, in f32, as llama.cpp computes it. */
-	float step = powf(theta, -2.0f / (float)rot_dim);
+	float y = ((float)i - lo) / fmaxf(0.001f, hi - lo);
+	return 1.0f - fminf(1.0f, fmaxf(0.0f, y));
+}
+
+/*
+ * The angle advances by a constant factor per pair, in f32, as ggml's rope
+ * cache does; each angle is then divided by its factor, scaled and mixed.
+ * ggml's build fuses the mix's first product and the YaRN magnitude's
+ * multiply-add (its compiler contracts floating point, this one does not),
+ * so those two are fmas here: checked bit for bit against libggml-cpu.
+ */
+void ops_rope_table(float *cs, uint32_t pos, const struct kb_rope *rope, const float *ff)
+{
+	const float step = powf(rope->theta, -2.0f / (float)rope->rot_dim);
+	const float fs = rope->freq_scale, ext = rope->ext_factor;
+	float mscale = rope->attn_factor;
+	if (ext != 0.0f)
+		mscale *= fmaf(0.1f, logf(1.0f / fs), 1.0f);
 	float a = (float)pos;
-	for (uint32_t i = 0; i < rot_dim / 2; i++) {
-		cs[2 * i] = cosf(a);
-		cs[2 * i + 1] = sinf(a);
+	for (uint32_t i = 0; i < rope->rot_dim / 2; i++) {
+		float extrap = ff ? a / ff[i] : a, th = fs * extrap;
+		if (ext != 0.0f) {
+			float mix = rope_ramp(rope->corr_lo, rope->corr_hi, i) * ext;
+			th = fmaf(th, 1.0f - mix, extrap * mix);
+		}
+		cs[2 * i] = cosf(th) * mscale;
+		cs[2 * i + 1] = sinf(th) * mscale;
 		a *= step;
 	}
 }

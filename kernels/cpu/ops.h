@@ -30,8 +30,12 @@ float ops_gelu_f32(float x);
 /* x (n_heads, head_dim) rotated by the (cos, sin) pairs cs (rot_dim / 2, 2) */
 void ops_rope_row(float *x, const float *cs, uint32_t n_heads, uint32_t head_dim,
 		  uint32_t rot_dim, int neox);
-/* The (cos, sin) table of one position: cs (rot_dim / 2, 2) */
-void ops_rope_table(float *cs, uint32_t pos, uint32_t rot_dim, float theta);
+/*
+ * The (cos, sin) table of one position, cs (rope->rot_dim / 2, 2), as
+ * ggml's rope cache computes it; the factors are read from ff (host
+ * memory, rot_dim / 2 of them) or are all 1 when ff is NULL.
+ */
+void ops_rope_table(float *cs, uint32_t pos, const struct kb_rope *rope, const float *ff);
 
 /*
  * Attention of one query row at position pos against kv head kvh, for the

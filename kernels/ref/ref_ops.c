@@ -94,28 +94,51 @@ int ref_geglu(struct backend *b, float *out, const float *gate, const float *up,
 	return 0;
 }
 
+/* YaRN's ramp over pair index i: 1 below lo, 0 above hi, linear between. */
+static double rope_ramp(double lo, double hi, uint32_t i)
+{
+	double y = (i - lo) / fmax(0.001, hi - lo);
+	return 1.0 - fmin(1.0, fmax(0.0, y));
+}
+
 /*
- * Pair i of each head turns by pos * theta^(-2i / rot_dim), the angle and
- * its cosine and sine in double (no table: nothing carries from one
- * position to the next).
+ * (cos, sin) of pair i at pos, in double and from scratch (nothing carries
+ * from one pair or position to the next): the angle pos * theta^(-2i /
+ * rot_dim) over the pair's factor, interpolated by freq_scale, mixed back
+ * by YaRN's ramp, both scaled by the magnitude.
  */
+static void rope_cs(double *c, double *s, uint32_t pos, uint32_t i, const struct kb_rope *rope,
+		    const float *ff)
+{
+	double extrap = (double)pos * pow(rope->theta, -2.0 * i / rope->rot_dim);
+	if (ff)
+		extrap /= ff[i];
+	double a = rope->freq_scale * extrap, m = rope->attn_factor;
+	if (rope->ext_factor != 0.0f) {
+		double mix = rope_ramp(rope->corr_lo, rope->corr_hi, i) * rope->ext_factor;
+		a = a * (1.0 - mix) + extrap * mix;
+		m *= 1.0 + 0.1 * log(1.0 / rope->freq_scale);
+	}
+	*c = cos(a) * m;
+	*s = sin(a) * m;
+}
+
 int ref_rope(struct backend *b, float *x, const uint32_t *pos, uint32_t n, uint32_t n_heads,
 	     uint32_t head_dim, const struct kb_rope *rope)
 {
 	(void)b;
 	uint32_t rot_dim = rope->rot_dim;
-	double theta = rope->theta;
 	int neox = rope->neox;
 	if (rot_dim > head_dim || rot_dim % 2)
 		return -EINVAL;
-	if (rope->freq_factors || rope->freq_scale != 1.0f || rope->ext_factor != 0.0f ||
-	    rope->attn_factor != 1.0f)
-		return -ENOTSUP;
+	if (!(rope->theta > 0.0f) || !(rope->freq_scale > 0.0f))
+		return -EINVAL;
+	const float *ff = rope->h_freq_factors ? rope->h_freq_factors : rope->freq_factors;
 	uint32_t half = rot_dim / 2;
 	for (uint32_t r = 0; r < n; r++) {
 		for (uint32_t i = 0; i < half; i++) {
-			double a = (double)pos[r] * pow(theta, -2.0 * i / rot_dim);
-			double c = cos(a), s = sin(a);
+			double c, s;
+			rope_cs(&c, &s, pos[r], i, rope, ff);
 			uint32_t i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
 			for (uint32_t h = 0; h < n_heads; h++) {
 				float *v = x + ((size_t)r * n_heads + h) * head_dim;
