@@ -1181,6 +1181,22 @@ static void test_rope_scaling(void **state)
 	assert_true(m->rope.freq_scale == 1.0f);
 	model_free(m);
 
+	/* The same formula as the converter's, written independently (tests/golden/gen_arch.py). */
+	const char *golden = "tests/golden/arch/llama3-freqs.gguf";
+	assert_int_equal(model_load(&m, golden, err, sizeof(err)), 0);
+	const float *f = m->rope.h_freq_factors;
+	assert_non_null(f);
+	model_llama3_factors(want, 16, m->hp.rope_theta, 8.0f, 1.0f, 4.0f, 256.0f);
+	int between = 0;
+	for (int i = 0; i < 8; i++) {
+		between += want[i] > 1.0f && want[i] < 8.0f;
+		if (fabsf(f[i] - want[i]) > 1e-6f * want[i])
+			fail_msg("llama3 factor %d: %.9g computed, %.9g in %s", i, (double)want[i],
+				 (double)f[i], golden);
+	}
+	model_free(m);
+	assert_true(between > 0);	/* the smooth branch was exercised */
+
 	static const struct gguf_add_kv bad[] = { { "llama.rope.scaling.type", GGUF_VT_STRING, "dynamic", 0, 0 } };
 	c = (struct tiny_cfg){ .arch = "llama", .kv = bad, .n_kv = 1 };
 	assert_int_equal(tiny_load(&c, &m, err, sizeof(err)), -ENOTSUP);
