@@ -1630,6 +1630,190 @@ static void test_attention(void **state)
 	free(wts);
 }
 
+/* ---- 6b. sliding window and soft-capping ---- */
+
+#define WC_P 80		/* positions cached, every one queried */
+#define WC_BT 16	/* block tokens: the window crosses blocks */
+#define WC_KVH 2
+
+/* Element e of position p's K (which 0) or V (1) row, exactly as the cache holds it. */
+static double wc_elem(const struct kb_kv_view *kv, int which, uint32_t p, uint32_t e)
+{
+	const uint8_t *row = kb_kv_row(kv, which, p);
+	if (kv->type == KB_F32)
+		return ((const float *)row)[e];
+	if (kv->type == KB_F16)
+		return half_ref(((const uint16_t *)row)[e]);
+	const struct blk_q8_0 *b = (const struct blk_q8_0 *)row + e / QK;
+	return half_ref(b->d) * b->qs[e % QK];
+}
+
+/*
+ * Row at pos, one query head (kv head kvh) against the double formula: the
+ * positions pos - window < q <= pos, scores cap * tanh(q.k / cap) * scale
+ * (the cap on the raw product, the scale after, as llama.cpp's graph
+ * does), softmax, weighted V. Returns the error relative to sum w|v|.
+ */
+static double wc_check_head(const float *q, const float *o, const struct kb_kv_view *kv,
+			    uint32_t pos, uint32_t kvh, const struct kb_attn_shape *sh, double tol)
+{
+	const uint32_t hd = sh->head_dim;
+	const uint32_t p0 = sh->window && pos + 1 > sh->window ? pos + 1 - sh->window : 0;
+	double w[WC_P], mx = -INFINITY, sum = 0.0, worst = 0.0;
+	for (uint32_t p = p0; p <= pos; p++) {
+		double d = 0.0;
+		for (uint32_t i = 0; i < hd; i++)	/* Q as the f16 and q8_0 caches take it */
+			d += (kv->type == KB_F32 ? q[i] : fp16_round(q[i])) * wc_elem(kv, 0, p, kvh * hd + i);
+		if (sh->softcap != 0.0f)
+			d = sh->softcap * tanh(d / sh->softcap);
+		w[p] = d * sh->scale;
+		mx = fmax(mx, w[p]);
+	}
+	for (uint32_t p = p0; p <= pos; p++)
+		sum += (w[p] = exp(w[p] - mx));
+	for (uint32_t i = 0; i < hd; i++) {
+		double want = 0.0, mag = 0.0, vsum = 0.0;
+		for (uint32_t p = p0; p <= pos; p++) {
+			double v = wc_elem(kv, 1, p, kvh * hd + i);
+			want += w[p] / sum * v;
+			mag += w[p] / sum * fabs(v);
+			vsum += fabs(v);
+		}
+		/* f16 weights below 2^-14 are subnormal: 2^-25 absolute each */
+		double sub = kv->type == KB_F32 ? 0.0 : 0x1p-25 * vsum;
+		if (fabs(o[i] - want) > tol * mag + sub + 1e-30)
+			fail_msg("window %u cap %g type %u hd %u pos %u [%u]: %.9g want %.9g", sh->window,
+				 (double)sh->softcap, kv->type, hd, pos, i, (double)o[i], want);
+		worst = fmax(worst, fmax(0.0, fabs(o[i] - want) - sub) / mag);
+	}
+	return worst;
+}
+
+/* One cache of type, (WC_P / WC_BT) blocks of WC_BT positions, its table in reverse. */
+struct wc_cache {
+	uint8_t *pool;
+	uint32_t table[WC_P / WC_BT];
+	struct kb_kv_view kv;
+};
+
+static void wc_cache_make(struct wc_cache *c, struct backend *be, uint32_t type, uint32_t kv_dim,
+			  const float *k, const float *v)
+{
+	size_t row = type == KB_F32 ? 4 * kv_dim : type == KB_F16 ? 2 * kv_dim : kv_dim / QK * 34;
+	uint32_t nb = WC_P / WC_BT, pos[WC_P];
+	c->pool = malloc(nb * 2 * WC_BT * row);
+	assert_non_null(c->pool);
+	for (uint32_t b = 0; b < nb; b++)
+		c->table[b] = nb - 1 - b;
+	c->kv = (struct kb_kv_view){ .base = c->pool, .blocks = c->table, .n_blocks = nb,
+				     .block_tokens = WC_BT, .block_bytes = 2 * WC_BT * row,
+				     .k_off = 0, .v_off = WC_BT * row, .row_bytes = row, .type = type };
+	for (uint32_t p = 0; p < WC_P; p++)
+		pos[p] = p;
+	assert_int_equal(backend_cpu_write_kv(be, &c->kv, pos, WC_P, kv_dim, k, v), 0);
+}
+
+/*
+ * The batched paged form, a row alone on 1 and 2 threads, and the
+ * portable kernel (where the SIMD one ran) all give the batch's bits.
+ */
+static void wc_same_bits(struct backend *const be[2], const struct wc_cache *c, const float *q,
+			 const float *out, const uint32_t *pos, const struct kb_attn_shape *sh)
+{
+	const uint32_t qd = sh->n_heads * sh->head_dim, group = sh->n_heads / sh->n_kv_heads;
+	float *o = malloc(sizeof(float) * WC_P * qd);
+	uint32_t off[WC_P] = { 0 }, len[WC_P];
+	assert_non_null(o);
+	for (uint32_t r = 0; r < WC_P; r++)
+		len[r] = c->kv.n_blocks;
+	struct kb_kv_rows kr = { .geo = c->kv, .tables = c->table, .tab_off = off, .tab_len = len,
+				 .h_tab_off = off, .h_tab_len = len, .h_pos = pos };
+	assert_int_equal(be[1]->ops->attention_rows(be[1], o, q, &kr, pos, WC_P, sh), 0);
+	if (memcmp(o, out, sizeof(float) * WC_P * qd))
+		fail_msg("window %u cap %g: attention_rows differs from backend_cpu_attention",
+			 sh->window, (double)sh->softcap);
+	for (int b = 0; b < 2; b++)
+		for (uint32_t r = 0; r < WC_P; r += 7) {
+			assert_int_equal(backend_cpu_attention(be[b], o, q + r * qd, &c->kv, pos + r, 1, sh), 0);
+			if (memcmp(o, out + r * qd, sizeof(float) * qd))
+				fail_msg("window %u cap %g pos %u: alone on %u threads differs from the batch",
+					 sh->window, (double)sh->softcap, r, be[b]->n_threads);
+		}
+	for (uint32_t r = 0; r < WC_P; r++)
+		for (uint32_t h = 0; h < WC_KVH; h++) {
+			size_t qo = r * qd + h * group * sh->head_dim;
+			assert_int_equal(ops_attention_group_c(o, q + qo, &c->kv, r, h, sh), 0);
+			if (memcmp(o, out + qo, sizeof(float) * group * sh->head_dim))
+				fail_msg("window %u cap %g pos %u kv head %u: the portable kernel differs",
+					 sh->window, (double)sh->softcap, r, h);
+		}
+	free(o);
+}
+
+static void test_attention_window_cap(void **state)
+{
+	(void)state;
+	static const struct { uint32_t type, group, hd; double tol; } cfg[] = {
+		{ KB_F16, 1, 64, 2e-3 }, { KB_F16, 3, 64, 2e-3 }, { KB_F32, 3, 64, 1e-5 },
+		{ KB_F32, 2, 36, 1e-5 }, { KB_Q8_0, 3, 64, 2e-3 }, { KB_Q8_0, 1, 32, 2e-3 },
+	};
+	/* The scale and the cap both matter: capping q.k * scale instead would miss by far. */
+	static const struct { uint32_t window; float cap, scale; } wc[] = {
+		{ 0, 0.0f, 0.125f }, { 1, 0.0f, 0.125f }, { 7, 0.0f, 0.125f }, { 33, 0.0f, 0.125f },
+		{ 0, 2.0f, 0.125f }, { 7, 2.0f, 0.5f }, { 33, 50.0f, 1.0f }, { 100, 3.0f, 0.25f },
+	};
+	struct backend *be[2];
+	double worst[3] = { 0 };
+	assert_int_equal(backend_cpu_create(&be[0], 1), 0);
+	assert_int_equal(backend_cpu_create(&be[1], 2), 0);
+	uint32_t pos[WC_P];
+	for (uint32_t p = 0; p < WC_P; p++)
+		pos[p] = p;
+	rng_seed(68);
+	for (size_t c = 0; c < sizeof(cfg) / sizeof(cfg[0]); c++) {
+		const uint32_t hd = cfg[c].hd, kvd = WC_KVH * hd, nh = cfg[c].group * WC_KVH;
+		const uint32_t qd = nh * hd;
+		float *k = malloc(sizeof(float) * WC_P * kvd), *v = malloc(sizeof(float) * WC_P * kvd);
+		float *q = malloc(sizeof(float) * WC_P * qd), *out = malloc(sizeof(float) * WC_P * qd);
+		assert_true(k && v && q && out);
+		for (uint32_t i = 0; i < WC_P * kvd; i++) {
+			k[i] = rng_f(-1.0f, 1.0f);
+			v[i] = rng_f(-1.0f, 1.0f);
+		}
+		for (uint32_t i = 0; i < WC_P * qd; i++)
+			q[i] = rng_f(-2.0f, 2.0f);
+		struct wc_cache cache;
+		wc_cache_make(&cache, be[1], cfg[c].type, kvd, k, v);
+		for (size_t w = 0; w < sizeof(wc) / sizeof(wc[0]); w++) {
+			struct kb_attn_shape sh = { .n_heads = nh, .n_kv_heads = WC_KVH, .head_dim = hd,
+						    .scale = wc[w].scale, .softcap = wc[w].cap,
+						    .window = wc[w].window };
+			assert_int_equal(backend_cpu_attention(be[1], out, q, &cache.kv, pos, WC_P, &sh), 0);
+			for (uint32_t r = 0; r < WC_P; r++)
+				for (uint32_t h = 0; h < nh; h++) {
+					double e = wc_check_head(q + r * qd + h * hd, out + r * qd + h * hd,
+								 &cache.kv, r, h / cfg[c].group, &sh,
+								 cfg[c].tol);
+					int t = cfg[c].type == KB_F32 ? 0 : cfg[c].type == KB_F16 ? 1 : 2;
+					worst[t] = fmax(worst[t], e);
+				}
+			wc_same_bits(be, &cache, q, out, pos, &sh);
+		}
+		struct kb_attn_shape bad = { .n_heads = nh, .n_kv_heads = WC_KVH, .head_dim = hd,
+					     .scale = 1.0f, .softcap = -1.0f };
+		assert_int_equal(backend_cpu_attention(be[1], out, q, &cache.kv, pos, 1, &bad), -EINVAL);
+		free(cache.pool);
+		free(k);
+		free(v);
+		free(q);
+		free(out);
+	}
+	printf("attention with window/softcap: max |err| / sum w|v|: f32 %.3g, f16 %.3g, q8_0 %.3g\n",
+	       worst[0], worst[1], worst[2]);
+	be[0]->ops->destroy(be[0]);
+	be[1]->ops->destroy(be[1]);
+}
+
 /* ---- 7. thread pool ---- */
 
 struct tp_count {
@@ -1895,6 +2079,7 @@ int main(void)
 		cmocka_unit_test(test_rope_scaled),
 		cmocka_unit_test(test_attention),
 		cmocka_unit_test(test_attention_paths),
+		cmocka_unit_test(test_attention_window_cap),
 		cmocka_unit_test(test_threadpool),
 		cmocka_unit_test(test_threadpool_tiny),
 		cmocka_unit_test(test_threadpool_late_worker),

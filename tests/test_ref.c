@@ -421,6 +421,46 @@ static void test_attention_exact(void **state)
 	assert_int_equal(REFB->ops->attention_rows(REFB, out, q, &t.rows, &pos, 1, &sh), -ERANGE);
 }
 
+/*
+ * A window of 2 at position 3 sees positions 2 and 3 alone; a soft-cap of
+ * 1.5 bends the raw q.k before the scale of 0.7 multiplies it.
+ */
+static void test_attention_window_cap(void **state)
+{
+	(void)state;
+	struct tiny_kv t;
+	tiny_kv(&t, KB_F32, 2);
+	const float k[8] = { 1, 0, 0, 1, 1, 1, 2, -1 }, v[8] = { 1, 2, 3, 4, 5, 6, 7, 8 };
+	for (uint32_t p = 0; p < 4; p++)
+		assert_int_equal(REFB->ops->write_kv_rows(REFB, &t.rows, &p, 1, 2, k + 2 * p, v + 2 * p), 0);
+	const float q[2] = { 1, 2 };
+	const double cap = 1.5;
+	float out[2];
+	uint32_t pos = 3;
+	struct kb_attn_shape sh = { .n_heads = 1, .n_kv_heads = 1, .head_dim = 2, .scale = 0.7f,
+				    .softcap = 1.5f, .window = 2 };
+	assert_int_equal(REFB->ops->attention_rows(REFB, out, q, &t.rows, &pos, 1, &sh), 0);
+	double s2 = cap * tanh((1.0 * 1 + 2.0 * 1) / cap) * (double)0.7f;
+	double s3 = cap * tanh((1.0 * 2 - 2.0 * 1) / cap) * (double)0.7f;
+	double e2 = exp(s2 - s2), e3 = exp(s3 - s2);
+	assert_float_equal(out[0], (e2 * 5 + e3 * 7) / (e2 + e3), 1e-6);
+	assert_float_equal(out[1], (e2 * 6 + e3 * 8) / (e2 + e3), 1e-6);
+	/* Window 1: a row sees itself alone, whatever the scores. */
+	sh.window = 1;
+	assert_int_equal(REFB->ops->attention_rows(REFB, out, q, &t.rows, &pos, 1, &sh), 0);
+	assert_true(out[0] == 7 && out[1] == 8);
+	/* A window wider than the context is no window. */
+	sh.window = 100;
+	sh.softcap = 0;
+	float all[2];
+	assert_int_equal(REFB->ops->attention_rows(REFB, out, q, &t.rows, &pos, 1, &sh), 0);
+	sh.window = 0;
+	assert_int_equal(REFB->ops->attention_rows(REFB, all, q, &t.rows, &pos, 1, &sh), 0);
+	assert_memory_equal(out, all, sizeof(out));
+	sh.softcap = -1;
+	assert_int_equal(REFB->ops->attention_rows(REFB, out, q, &t.rows, &pos, 1, &sh), -EINVAL);
+}
+
 /* An f16 or q8_0 cache the user chose: stored as ggml stores it, read back exactly. */
 static void test_kv_types(void **state)
 {
@@ -742,7 +782,7 @@ static void test_cpu_optional(void **state)
 }
 
 /* One contiguous cache of type for NP positions, GQA 9/3 of 64: the model's attention. */
-static double compare_attention(uint32_t type, uint32_t np)
+static double compare_attention(uint32_t type, uint32_t np, uint32_t window, float cap)
 {
 	enum { NH = 9, NKV = 3, HD = 64, KVD = NKV * HD };
 	size_t row = type == KB_F32 ? 4 * KVD : 2 * KVD;
@@ -767,7 +807,8 @@ static double compare_attention(uint32_t type, uint32_t np)
 		.tables = &table, .tab_off = off, .tab_len = len,
 		.h_tab_off = off, .h_tab_len = len, .h_pos = pos,
 	};
-	struct kb_attn_shape sh = { .n_heads = NH, .n_kv_heads = NKV, .head_dim = HD, .scale = 0.125f };
+	struct kb_attn_shape sh = { .n_heads = NH, .n_kv_heads = NKV, .head_dim = HD, .scale = 0.125f,
+				    .softcap = cap, .window = window };
 	/* One cache, written by the CPU: both read the same bits. */
 	assert_int_equal(CPUB->ops->write_kv_rows(CPUB, &kv, pos, np, KVD, k, v), 0);
 	assert_int_equal(REFB->ops->attention_rows(REFB, oa, q, &kv, pos, np, &sh), 0);
@@ -793,8 +834,15 @@ static double compare_attention(uint32_t type, uint32_t np)
 static void test_cpu_attention(void **state)
 {
 	(void)state;
-	double e32 = compare_attention(KB_F32, 128), e16 = compare_attention(KB_F16, 128);
+	double e32 = compare_attention(KB_F32, 128, 0, 0), e16 = compare_attention(KB_F16, 128, 0, 0);
 	print_message("cpu vs ref attention (128 positions, GQA 9/3 x 64): f32 cache %.2e, f16 cache %.2e\n",
+		      e32, e16);
+	assert_true(e32 < 1e-5);
+	assert_true(e16 < 5e-3);
+	/* Gemma 2's shape of it: a window of 40 and a cap of 5 on the raw q.k. */
+	e32 = compare_attention(KB_F32, 128, 40, 5.0f);
+	e16 = compare_attention(KB_F16, 128, 40, 5.0f);
+	print_message("cpu vs ref attention, window 40, softcap 5: f32 cache %.2e, f16 cache %.2e\n",
 		      e32, e16);
 	assert_true(e32 < 1e-5);
 	assert_true(e16 < 5e-3);
@@ -986,6 +1034,7 @@ int main(void)
 		cmocka_unit_test(test_rope),
 		cmocka_unit_test(test_rope_scaled),
 		cmocka_unit_test(test_attention_exact),
+		cmocka_unit_test(test_attention_window_cap),
 		cmocka_unit_test(test_kv_types),
 		cmocka_unit_test(test_choose),
 		cmocka_unit_test(test_kv_default),

@@ -596,8 +596,8 @@ static int attention_ok(const struct kb_attn_shape *shape, const struct kb_kv_vi
 	if (shape->n_kv_heads == 0 || shape->n_heads % shape->n_kv_heads ||
 	    shape->n_heads / shape->n_kv_heads > 16 || shape->head_dim > 256)
 		return -EINVAL;
-	if (shape->softcap != 0.0f || shape->window)
-		return -ENOTSUP;
+	if (!(shape->softcap >= 0.0f) || isinf(shape->softcap))
+		return -EINVAL;
 	int rc = kv_view_ok(geo, shape->n_kv_heads * shape->head_dim);
 	if (rc)
 		return rc;

@@ -254,11 +254,29 @@ static void ops_kv_head(float *out, const struct kb_kv_view *kv, int which, uint
 	}
 }
 
+uint32_t ops_att_first(uint32_t pos, uint32_t window)
+{
+	return window && pos >= window ? pos + 1 - window : 0;
+}
+
+/*
+ * As llama.cpp's graph caps scores (build_attn_mha): the raw q.k scaled by
+ * 1 / cap, tanh, times cap, and only then times the attention scale (which
+ * ggml's softmax applies). tanhf is libm's: one implementation per process.
+ */
+void ops_att_softcap(float *s, uint32_t n, float cap, float scale)
+{
+	const float inv = 1.0f / cap;
+	for (uint32_t i = 0; i < n; i++)
+		s[i] = tanhf(s[i] * inv) * cap * scale;
+}
+
 int ops_attention_group_c(float *out, const float *q, const struct kb_kv_view *kv,
 			  uint32_t pos, uint32_t kvh, const struct kb_attn_shape *sh)
 {
 	const uint32_t hd = sh->head_dim, group = sh->n_heads / sh->n_kv_heads;
-	const uint32_t np = pos + 1;
+	const uint32_t p0 = ops_att_first(pos, sh->window), np = pos + 1 - p0;
+	const float scale = sh->softcap != 0.0f ? 1.0f : sh->scale;	/* a capped score is scaled after */
 	const int f32 = kv->type == KB_F32;
 	float qh[ATT_MAX_GROUP][ATT_MAX_HD];
 	float row[ATT_MAX_HD];
@@ -270,17 +288,19 @@ int ops_attention_group_c(float *out, const float *q, const struct kb_kv_view *k
 			qh[g][i] = f32 ? q[g * hd + i] : fp16_round(q[g * hd + i]);
 	/* One read of each K row serves the whole query-head group. */
 	for (uint32_t p = 0; p < np; p++) {
-		ops_kv_head(row, kv, 0, p, kvh * hd, hd);
+		ops_kv_head(row, kv, 0, p0 + p, kvh * hd, hd);
 		for (uint32_t g = 0; g < group; g++)
-			s[g * np + p] = dot_lanes(qh[g], row, hd) * sh->scale;
+			s[g * np + p] = dot_lanes(qh[g], row, hd) * scale;
 	}
+	if (sh->softcap != 0.0f)
+		ops_att_softcap(s, group * np, sh->softcap, sh->scale);
 	for (uint32_t g = 0; g < group; g++)
 		softmax_row(s + g * np, np, !f32);
 	for (uint32_t g = 0; g < group; g++) {
 		float *o = out + g * hd;
 		memset(o, 0, hd * sizeof(float));
 		for (uint32_t p = 0; p < np; p++) {
-			ops_kv_head(row, kv, 1, p, kvh * hd, hd);
+			ops_kv_head(row, kv, 1, p0 + p, kvh * hd, hd);
 			float w = s[g * np + p];
 			for (uint32_t i = 0; i < hd; i++)
 				o[i] = fmaf(w, row[i], o[i]);

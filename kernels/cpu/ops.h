@@ -40,11 +40,17 @@ void ops_rope_table(float *cs, uint32_t pos, const struct kb_rope *rope, const f
 /*
  * Attention of one query row at position pos against kv head kvh, for the
  * group of query heads kvh serves: out and q are (group, head_dim) slices.
- * Scores, softmax and the weighted sum of V each run in position order.
+ * The row sees positions ops_att_first(pos, window) .. pos; each score is
+ * q.k * scale, or with a soft-cap tanh(q.k / cap) * cap * scale. Scores,
+ * softmax and the weighted sum of V each run in position order.
  * Returns 0 or -ENOMEM.
  */
 int ops_attention_group(float *out, const float *q, const struct kb_kv_view *kv,
 			 uint32_t pos, uint32_t kvh, const struct kb_attn_shape *shape);
+/* The first position a row at pos sees through a sliding window (0: none): p - q < window. */
+uint32_t ops_att_first(uint32_t pos, uint32_t window);
+/* s (n,) = tanh(s * (1 / cap)) * cap * scale, the soft-capped scores of raw q.k products. */
+void ops_att_softcap(float *s, uint32_t n, float cap, float scale);
 /* The portable implementation, which every SIMD one must match bit for bit (for tests). */
 int ops_attention_group_c(float *out, const float *q, const struct kb_kv_view *kv,
 			   uint32_t pos, uint32_t kvh, const struct kb_attn_shape *shape);

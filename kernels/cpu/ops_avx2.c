@@ -131,7 +131,8 @@ int ops_attention_group_avx2(float *out, const float *q, const struct kb_kv_view
 			     uint32_t pos, uint32_t kvh, const struct kb_attn_shape *sh)
 {
 	const uint32_t hd = sh->head_dim, group = sh->n_heads / sh->n_kv_heads;
-	const uint32_t np = pos + 1;
+	const uint32_t p0 = ops_att_first(pos, sh->window), np = pos + 1 - p0;
+	const float sc = sh->softcap != 0.0f ? 1.0f : sh->scale;	/* a capped score is scaled after */
 	const int f32 = kv->type == KB_F32;
 	const size_t off = (size_t)kvh * hd;
 	float qh[ATT_MAX_GROUP][ATT_MAX_HD] __attribute__((aligned(32)));
@@ -146,10 +147,10 @@ int ops_attention_group_avx2(float *out, const float *q, const struct kb_kv_view
 				x = _mm256_cvtph_ps(_mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
 			_mm256_store_ps(&qh[g][i], x);
 		}
-	const __m256 scale = _mm256_set1_ps(sh->scale);
+	const __m256 scale = _mm256_set1_ps(sc);
 	uint32_t p = 0;
 	for (; p + 8 <= np; p += 8) {
-		load_rows8(rows, kv, 0, p, off, hd, f32);
+		load_rows8(rows, kv, 0, p0 + p, off, hd, f32);
 		for (uint32_t g = 0; g < group; g++) {
 			__m256 acc[8];
 			for (int j = 0; j < 8; j++)
@@ -164,20 +165,22 @@ int ops_attention_group_avx2(float *out, const float *q, const struct kb_kv_view
 		}
 	}
 	for (; p < np; p++) {
-		const uint8_t *k = kb_kv_row(kv, 0, p);
+		const uint8_t *k = kb_kv_row(kv, 0, p0 + p);
 		for (uint32_t g = 0; g < group; g++) {
 			__m256 acc = _mm256_setzero_ps();
 			for (uint32_t i = 0; i < hd; i += 8)
 				acc = _mm256_fmadd_ps(_mm256_load_ps(&qh[g][i]),
 						      load8(k, f32, off + i), acc);
-			s[g * np + p] = hsum256(acc) * sh->scale;
+			s[g * np + p] = hsum256(acc) * sc;
 		}
 	}
+	if (sh->softcap != 0.0f)
+		ops_att_softcap(s, group * np, sh->softcap, sh->scale);
 	for (uint32_t g = 0; g < group; g++)
 		softmax8(s + g * np, np, !f32);
 	memset(out, 0, (size_t)group * hd * sizeof(float));
 	for (p = 0; p + 8 <= np; p += 8) {
-		load_rows8(rows, kv, 1, p, off, hd, f32);
+		load_rows8(rows, kv, 1, p0 + p, off, hd, f32);
 		for (uint32_t g = 0; g < group; g++) {
 			const float *sg = s + g * np + p;
 			float *o = out + g * hd;
@@ -191,7 +194,7 @@ int ops_attention_group_avx2(float *out, const float *q, const struct kb_kv_view
 		}
 	}
 	for (; p < np; p++) {
-		const uint8_t *v = kb_kv_row(kv, 1, p);
+		const uint8_t *v = kb_kv_row(kv, 1, p0 + p);
 		for (uint32_t g = 0; g < group; g++) {
 			__m256 w = _mm256_set1_ps(s[g * np + p]);
 			float *o = out + g * hd;

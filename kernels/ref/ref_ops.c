@@ -244,21 +244,26 @@ static void kv_elems(double *out, const struct kb_kv_view *kv, int which, uint32
 }
 
 /*
- * One query head of one row over positions 0..np-1: scores q.k * scale,
- * softmax and the weighted sum of V, all in double and in position order.
- * s is scratch of np + 2 * head_dim doubles.
+ * One query head of one row over positions p0..p0+np-1: scores q.k *
+ * scale (the raw q.k soft-capped first, cap * tanh(q.k / cap), when
+ * there is a cap: llama.cpp's order), softmax and the weighted sum of V,
+ * all in double and in position order. s is scratch of np + 2 * head_dim
+ * doubles.
  */
-static void attend_head(float *out, const float *q, const struct kb_kv_view *kv, uint32_t np,
-			uint32_t kvh, const struct kb_attn_shape *sh, double *s)
+static void attend_head(float *out, const float *q, const struct kb_kv_view *kv, uint32_t p0,
+			uint32_t np, uint32_t kvh, const struct kb_attn_shape *sh, double *s)
 {
+	const double cap = sh->softcap;
 	const uint32_t hd = sh->head_dim;
 	double *row = s + np, *acc = row + hd;
 	double max = -INFINITY, sum = 0.0;
 	for (uint32_t p = 0; p < np; p++) {
-		kv_elems(row, kv, 0, p, kvh * hd, hd);
+		kv_elems(row, kv, 0, p0 + p, kvh * hd, hd);
 		double dot = 0.0;
 		for (uint32_t i = 0; i < hd; i++)
 			dot += (double)q[i] * row[i];
+		if (cap != 0.0)
+			dot = cap * tanh(dot / cap);
 		s[p] = dot * sh->scale;
 		max = s[p] > max ? s[p] : max;
 	}
@@ -268,7 +273,7 @@ static void attend_head(float *out, const float *q, const struct kb_kv_view *kv,
 	}
 	memset(acc, 0, hd * sizeof(double));
 	for (uint32_t p = 0; p < np; p++) {
-		kv_elems(row, kv, 1, p, kvh * hd, hd);
+		kv_elems(row, kv, 1, p0 + p, kvh * hd, hd);
 		for (uint32_t i = 0; i < hd; i++)
 			acc[i] += s[p] * row[i];
 	}
@@ -283,8 +288,8 @@ int ref_attention_rows(struct backend *b, float *out, const float *q,
 	struct ref_backend *rb = REF(b);
 	if (sh->n_kv_heads == 0 || sh->n_heads % sh->n_kv_heads || sh->head_dim == 0)
 		return -EINVAL;
-	if (sh->softcap != 0.0f || sh->window)
-		return -ENOTSUP;
+	if (!(sh->softcap >= 0.0f) || isinf(sh->softcap))
+		return -EINVAL;
 	int rc = kv_ok(&kv->geo, sh->n_kv_heads * sh->head_dim);
 	if (rc)
 		return rc;
@@ -303,7 +308,9 @@ int ref_attention_rows(struct backend *b, float *out, const float *q,
 		struct kb_kv_view rv = row_view(kv, r);
 		for (uint32_t h = 0; h < sh->n_heads; h++) {
 			size_t off = ((size_t)r * sh->n_heads + h) * sh->head_dim;
-			attend_head(out + off, q + off, &rv, pos[r] + 1, h / group, sh, rb->scores);
+			uint32_t p0 = sh->window && pos[r] >= sh->window ? pos[r] + 1 - sh->window : 0;
+			attend_head(out + off, q + off, &rv, p0, pos[r] + 1 - p0, h / group, sh,
+				    rb->scores);
 		}
 	}
 	return 0;
