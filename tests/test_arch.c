@@ -49,6 +49,12 @@ enum expect { RUN, REFUSED };
 #define GAP_F32 1e-3f
 #define GAP_Q 0.1f
 #define GAP_K 0.5f
+/*
+ * GeGLU: the CPU backend's GELU is ggml's f16 table, as llama.cpp's, the
+ * ref backend's the exact formula; on gemma2 the ref flips an argmax at a
+ * top-2 gap of 0.0017 (its KLD 2e-7 stays far under KLD_F32).
+ */
+#define GAP_GELU 5e-3f
 /* With and without rope_freqs.weight llama.cpp's distributions are ~0.35 apart: kvd's must differ too. */
 #define FREQS_MIN_KLD 0.01
 
@@ -73,7 +79,7 @@ static const struct arch_case CASES[] = {
 	{ "qwen2",           RUN,     "qwen2",           KLD_F32,   GAP_F32, 1 },
 	{ "phi3",            RUN,     "phi3",            KLD_F32,   GAP_F32, 1 },
 	{ "gemma",           RUN,     "gemma",           KLD_F32,   GAP_F32, 1 },
-	{ "gemma2",          RUN,     "gemma2",          KLD_F32,   GAP_F32, 1 },
+	{ "gemma2",          RUN,     "gemma2",          KLD_F32,   GAP_GELU, 1 },
 	{ "llama-q4_0",      RUN,     NULL,              KLD_Q,     GAP_Q,   0 },
 	{ "llama-q4_1",      RUN,     NULL,              KLD_Q,     GAP_Q,   0 },
 	{ "llama-q8_0",      RUN,     NULL,              KLD_Q,     GAP_Q,   0 },

@@ -216,6 +216,8 @@ int engine_supports(const struct model *m, const struct backend *be, char *err, 
 		need = "geglu (GELU-gated FFN)";
 	else if (hp->final_softcap != 0.0f && !op->softcap)
 		need = "softcap (final logit soft-capping)";
+	else if (hp->attn_softcap != 0.0f && !op->scale)
+		need = "scale (Q before soft-capped attention)";
 	if (!need)
 		return 0;
 	return log_errf(err, errlen, -ENOTSUP,
@@ -402,6 +404,16 @@ static int forward_attn(struct engine *e, uint32_t l, struct step *st)
 		.n_heads = hp->n_heads, .n_kv_heads = hp->n_kv_heads, .head_dim = hp->head_dim,
 		.scale = hp->attn_scale, .softcap = hp->attn_softcap, .window = L->window,
 	};
+	/*
+	 * Where llama.cpp scales Q before attention, so do we: the soft-cap
+	 * then sees scaled scores (Gemma 2), and an f16 cache's rounding of Q
+	 * happens after the scale. Without a scale op (only where no cap needs
+	 * it) the attention applies the same factor.
+	 */
+	if (hp->q_prescale && op->scale) {
+		TRY(op->scale(be, e->q, hp->attn_scale, n, hp->q_dim));
+		shape.scale = 1.0f;
+	}
 	const size_t row = st->kv.geo.row_bytes, bt = st->kv.geo.block_tokens;
 	st->kv.geo.k_off = (size_t)l * 2 * bt * row;
 	st->kv.geo.v_off = ((size_t)l * 2 + 1) * bt * row;

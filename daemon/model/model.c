@@ -26,6 +26,7 @@ struct arch_row {
 	int softcaps;		/* attn_logit_softcapping (50) and final_logit_softcapping (30) */
 	uint32_t swa_pattern;	/* 0: no sliding window; n: layer l slides when l % n < n - 1 */
 	int rope_freqs;		/* rope_freqs.weight may hold frequency factors */
+	int q_prescale;		/* Q times the attention scale after RoPE, then attention at scale 1 */
 };
 
 static const struct arch_row arch_table[] = {
@@ -33,11 +34,11 @@ static const struct arch_row arch_table[] = {
 	{ .name = "mistral", .id = MODEL_ARCH_LLAMA, .rope_freqs = 1 },
 	{ .name = "qwen2", .id = MODEL_ARCH_QWEN2, .neox = 1 },
 	/* llama.cpp reads phi3.attention.sliding_window and then disables it (its PR 13676): so do we. */
-	{ .name = "phi3", .id = MODEL_ARCH_PHI3, .neox = 1, .fused_up = 1 },
+	{ .name = "phi3", .id = MODEL_ARCH_PHI3, .neox = 1, .fused_up = 1, .q_prescale = 1 },
 	{ .name = "gemma", .id = MODEL_ARCH_GEMMA, .neox = 1, .always_tied = 1, .embd_scaled = 1,
-	  .act = MODEL_ACT_GELU },
+	  .act = MODEL_ACT_GELU, .q_prescale = 1 },
 	{ .name = "gemma2", .id = MODEL_ARCH_GEMMA2, .neox = 1, .always_tied = 1, .embd_scaled = 1,
-	  .act = MODEL_ACT_GELU, .post_norms = 1, .softcaps = 1, .swa_pattern = 2 },
+	  .act = MODEL_ACT_GELU, .post_norms = 1, .softcaps = 1, .swa_pattern = 2, .q_prescale = 1 },
 };
 #define N_ARCH (sizeof(arch_table) / sizeof(arch_table[0]))
 
@@ -193,6 +194,7 @@ static int load_arch(struct model *m, char *err, size_t errlen)
 	hp->rope_neox = a->neox;
 	hp->act = a->act;
 	hp->post_norms = a->post_norms;
+	hp->q_prescale = a->q_prescale;
 	return 0;
 }
 

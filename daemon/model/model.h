@@ -46,6 +46,7 @@ struct model_hparams {
 	enum model_act act;	/* of the gate: silu(gate) * up or gelu(gate) * up */
 	float embd_scale;	/* token embeddings times this (Gemma: sqrt(dim)); 0: not scaled */
 	float attn_scale;	/* attention scores times this, usually 1 / sqrt(head_dim) */
+	int q_prescale;		/* llama.cpp scales Q by attn_scale before attention (Phi-3, Gemma) */
 	float attn_softcap;	/* scores become cap * tanh(s / cap); 0: off */
 	float final_softcap;	/* logits likewise; 0: off */
 	uint32_t swa_window;	/* window of the sliding-window layers (model_layer.window) */
