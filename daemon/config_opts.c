@@ -150,13 +150,14 @@ const struct cfg_opt config_opts[] = {
 	  .man = "Compute threads (default 0: one per core)." },
 	{ "ctx", 0, CT_U32, 0, SEC_MODEL, O(ctx), RANGE(0, 1 << 24), .arg = "N",
 	  .help = "positions a sequence may use, at most the model's trained\n"
-		  "context (default 0: the model's)",
+		  "context, or what its RoPE scaling reaches (default 0: the trained)",
 	  .man = "Positions one sequence may use: prompt, generated tokens and everything a\n"
 		 "session's slot keeps (default 0: the model's trained context,\n"
 		 ".B kvd \\-\\-info\nshows it). Requests that need more fail with E2BIG, the\n"
 		 "HELLO reply's\n.B ctx_len\n(which\n.B kvctl info\nprints) is it, and\n"
-		 ".B \\-\\-prompt\nobeys it. A value above the trained context is refused:\n"
-		 "kvd does no RoPE scaling, so positions past it would give garbage." },
+		 ".B \\-\\-prompt\nobeys it. A value above the trained context is refused\n"
+		 "(positions past it would give garbage), unless the file has linear or\n"
+		 "YaRN RoPE scaling by a factor f: then up to the original context times f." },
 	{ "kv-mem", 0, CT_SIZE, 0, SEC_MODEL, O(kv_mem), .arg = "BYTES",
 	  .help = "KV-cache pool size (suffix K, M, G; default: 64k tokens)",
 	  .man = "KV pool size, with an optional K, M or G suffix (default: room for 65536 tokens)." },

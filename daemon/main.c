@@ -169,7 +169,7 @@ int main(int argc, char **argv)
 		goto out_model;
 	}
 	if (o.info) {
-		oneshot_info(m);
+		oneshot_info(m, &o);
 		status = 0;
 		goto out_model;
 	}

@@ -18,13 +18,80 @@
 
 #define PREFILL_ROWS 512
 
-void oneshot_info(const struct model *m)
+/* MemAvailable from /proc/meminfo in bytes; 0 when it cannot be read. */
+static uint64_t mem_available(void)
+{
+	FILE *f = fopen("/proc/meminfo", "r");
+	char line[128];
+	unsigned long long kib = 0;
+	while (f && fgets(line, sizeof(line), f))
+		if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1)
+			break;
+	if (f)
+		fclose(f);
+	return (uint64_t)kib * 1024;
+}
+
+/* What the architecture adds to Llama's pass, in words. */
+static void info_arch(const struct model *m)
+{
+	const struct model_hparams *hp = &m->hp;
+	printf("forward      %s:", model_arch_name(hp->arch_id));
+	printf(" %s RoPE", hp->rope_neox ? "NeoX" : "adjacent-pair");
+	printf(", %s", hp->act == MODEL_ACT_GELU ? "GeGLU" : "SwiGLU");
+	if (hp->qkv_bias)
+		printf(", Q/K/V biases");
+	if (m->layers && m->layers[0].wk.data == (const uint8_t *)m->layers[0].wq.data +
+						  (size_t)hp->q_dim * m->layers[0].wq.row_bytes)
+		printf(", fused attn_qkv");
+	if (hp->embd_scale != 0.0f)
+		printf(", embeddings x %g", (double)hp->embd_scale);
+	if (hp->post_norms)
+		printf(", post-norms");
+	if (hp->attn_softcap != 0.0f || hp->final_softcap != 0.0f)
+		printf(", soft-caps %g / %g", (double)hp->attn_softcap, (double)hp->final_softcap);
+	if (hp->swa_window)
+		printf(", sliding window %u on alternate layers", hp->swa_window);
+	printf("\n");
+}
+
+static void info_memory(const struct model *m, const struct kvd_options *o)
+{
+	const struct model_hparams *hp = &m->hp;
+	size_t row = kvpool_row_bytes((uint32_t)o->kv_type, hp->kv_dim);
+	size_t per_token = 2 * (size_t)hp->n_layers * row;
+	printf("weights      %llu bytes (%.2f GiB), %s\n", (unsigned long long)m->weight_bytes,
+	       (double)m->weight_bytes / (1u << 30),
+	       m->gguf->copied ? "read into memory (the file is writable by others)"
+			       : "mapped from the file, not copied");
+	printf("kv per token %zu bytes at %s\n", per_token, kb_type_name((uint32_t)o->kv_type));
+	/* The mapped weights must stay resident too: only what is left over holds KV. */
+	uint64_t avail = mem_available();
+	uint64_t left = avail > m->weight_bytes ? avail - m->weight_bytes : 0;
+	uint64_t fit = per_token ? left / per_token : 0;
+	printf("fits         %llu tokens of KV = (MemAvailable %llu - weights) / kv per token",
+	       (unsigned long long)fit, (unsigned long long)avail);
+	if (fit >= hp->max_ctx)
+		printf("; one sequence of the full %u positions\n", hp->max_ctx);
+	else
+		printf("; one sequence of at most %llu positions\n", (unsigned long long)fit);
+	/*
+	 * The CPU backend's SIMD kernels read a repacked copy of each quantised
+	 * matrix, made at the first matmul: about the weights' bytes once more.
+	 */
+	left = left > m->weight_bytes ? left - m->weight_bytes : 0;
+	printf("             %llu tokens on the CPU backend, which keeps a repacked copy of the "
+	       "weights\n", (unsigned long long)(per_token ? left / per_token : 0));
+}
+
+void oneshot_info(const struct model *m, const struct kvd_options *o)
 {
 	const struct model_hparams *hp = &m->hp;
 	const struct gguf_file *f = m->gguf;
 	printf("model        %s\n", hp->name);
 	printf("architecture %s (GGUF v%u, %llu tensors, %llu metadata keys)\n", hp->arch,
 	       f->version, (unsigned long long)f->n_tensors, (unsigned long long)f->n_kv);
+	info_arch(m);
 	printf("layers       %u\n", hp->n_layers);
 	printf("dim          %u (heads %u, kv heads %u, head dim %u)\n", hp->dim, hp->n_heads,
 	       hp->n_kv_heads, hp->head_dim);
@@ -34,10 +101,14 @@ void oneshot_info(const struct model *m)
 		printf("context      %u (ctx; trained %u)\n", hp->ctx_len, hp->train_ctx);
 	else
 		printf("context      %u\n", hp->ctx_len);
-	printf("rope         theta %g, %u dims\n", (double)hp->rope_theta, hp->rot_dim);
+	if (hp->max_ctx > hp->train_ctx)
+		printf("max context  %u (%s RoPE scaling by %g of %u)\n", hp->max_ctx,
+		       hp->rope_scaling, (double)hp->rope_factor, hp->rope_orig_ctx);
+	printf("rope         theta %g, %u dims, scaling %s%s\n", (double)hp->rope_theta, hp->rot_dim,
+	       hp->rope_scaling, m->rope.h_freq_factors ? ", frequency factors" : "");
 	printf("norm eps     %g\n", (double)hp->norm_eps);
 	printf("output       %s\n", hp->tied_output ? "tied to token_embd" : "separate");
-	printf("kv per token %zu bytes at f16\n", model_kv_bytes_per_token(m, 2));
+	info_memory(m, o);
 	uint64_t counts[GGUF_T_LAST] = {0};
 	for (uint64_t i = 0; i < f->n_tensors; i++)
 		if (f->tensors[i].type < GGUF_T_LAST)

@@ -24,7 +24,11 @@ typedef int (*oneshot_pool_fn)(const struct kvd_options *o, const struct model *
 int oneshot_prompt(const struct kvd_options *o, struct model *m, struct backend *be,
 		   oneshot_pool_fn make_pool);
 
-/* --info: the model's metadata on stdout. */
-void oneshot_info(const struct model *m);
+/*
+ * --info: the model's metadata on stdout, and what it needs in memory at
+ * o's KV type: weight bytes (mapped), KV bytes per token, the largest
+ * context MemAvailable holds.
+ */
+void oneshot_info(const struct model *m, const struct kvd_options *o);
 
 #endif

@@ -723,11 +723,11 @@ static int load_extended(const struct gguf_add_kv *kv, int n_kv, const char *ten
 }
 
 /*
- * What a newer converter adds that changes the math is refused by name,
- * never ignored: a tensor the forward pass does not read (Llama 3's
- * rope_freqs) and metadata for RoPE scaling, another head size or experts.
- * What changes nothing (linear scaling by 1, a key_length equal to the
- * head size) still loads, so the refusals are for the additions alone.
+ * What a newer converter adds that changes the math is honoured or refused
+ * by name, never ignored: a tensor the forward pass does not read, RoPE
+ * scaling kvd does not do, a value head size unlike the key's, experts.
+ * Llama 3's rope_freqs and linear or YaRN scaling load; so does what
+ * changes nothing (linear by 1, a value_length equal to the head size).
  */
 static void test_refused_additions(void **state)
 {
@@ -739,17 +739,19 @@ static void test_refused_additions(void **state)
 		const char *tensor;
 		const char *named;	/* NULL: loads */
 	} cases[] = {
-		{ { { 0 } }, 0, "rope_freqs.weight", "rope_freqs.weight" },
+		{ { { 0 } }, 0, "rope_freqs.weight", NULL },
 		{ { { 0 } }, 0, "blk.0.post_attention_norm.weight", "blk.0.post_attention_norm.weight" },
 		{ { { "llama.rope.scaling.type", GGUF_VT_STRING, "linear", 0, 0 },
-		    { "llama.rope.scaling.factor", GGUF_VT_F32, NULL, 0, 4.0f } }, 2, NULL,
-		  "llama.rope.scaling.type" },
-		{ { { "llama.rope.scaling.type", GGUF_VT_STRING, "yarn", 0, 0 } }, 1, NULL, "yarn" },
+		    { "llama.rope.scaling.factor", GGUF_VT_F32, NULL, 0, 4.0f } }, 2, NULL, NULL },
+		{ { { "llama.rope.scaling.type", GGUF_VT_STRING, "yarn", 0, 0 } }, 1, NULL, NULL },
+		{ { { "llama.rope.scaling.type", GGUF_VT_STRING, "longrope", 0, 0 } }, 1, NULL,
+		  "longrope" },
 		{ { { "llama.rope.scaling.type", GGUF_VT_STRING, "linear", 0, 0 },
 		    { "llama.rope.scaling.factor", GGUF_VT_F32, NULL, 0, 1.0f } }, 2, NULL, NULL },
 		{ { { "llama.rope.scaling.type", GGUF_VT_STRING, "none", 0, 0 } }, 1, NULL, NULL },
-		{ { { "llama.attention.key_length", GGUF_VT_U32, NULL, 128, 0 } }, 1, NULL,
-		  "llama.attention.key_length" },
+		{ { { "llama.attention.key_length", GGUF_VT_U32, NULL, 64, 0 },
+		    { "llama.attention.value_length", GGUF_VT_U32, NULL, 128, 0 } }, 2, NULL,
+		  "llama.attention.value_length" },
 		{ { { "llama.attention.value_length", GGUF_VT_U32, NULL, 64, 0 } }, 1, NULL, NULL },
 		{ { { "llama.expert_count", GGUF_VT_U32, NULL, 8, 0 } }, 1, NULL, "llama.expert_count" },
 	};

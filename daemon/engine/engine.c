@@ -1,9 +1,10 @@
-/* engine.c — Llama forward pass: prefill and decode are the same pass over a batch of rows. */
+/* engine.c — the one forward pass of every architecture (model.h): prefill and decode are the same pass over a batch of rows. */
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "daemon/engine/engine.h"
+#include "daemon/log.h"
 #include "daemon/model/model.h"
 #include "kernels/backend.h"
 
@@ -52,6 +53,7 @@ struct engine {
 
 	/* The weights as backend buffers (the mapping itself on the CPU). */
 	struct model_layer *layers;	/* (n_layers,) */
+	struct kb_rope rope;		/* the model's, with freq_factors imported */
 	struct kb_weight tok_embd;
 	struct kb_weight output;
 	const float *output_norm;
@@ -100,12 +102,22 @@ static int import_weight(struct engine *e, struct kb_weight *dst, const struct k
 	return e->be->ops->import(e->be, &dst->data, src->data, (size_t)src->rows * src->row_bytes);
 }
 
-static int import_norm(struct engine *e, const float **dst, const float *src)
+/* An F32 vector of n (norms, biases, frequency factors); NULL stays NULL. */
+static int import_vec(struct engine *e, const float **dst, const float *src, uint32_t n)
 {
 	const void *p;
-	int rc = e->be->ops->import(e->be, &p, src, (size_t)e->m->hp.dim * sizeof(float));
+	if (!src) {
+		*dst = NULL;
+		return 0;
+	}
+	int rc = e->be->ops->import(e->be, &p, src, (size_t)n * sizeof(float));
 	*dst = rc ? NULL : p;
 	return rc;
+}
+
+static int import_norm(struct engine *e, const float **dst, const float *src)
+{
+	return import_vec(e, dst, src, e->m->hp.dim);
 }
 
 static void unimport(struct engine *e, const void *p)
@@ -124,18 +136,47 @@ static void weights_release(struct engine *e)
 		unimport(e, L->wq.data);
 		unimport(e, L->wk.data);
 		unimport(e, L->wv.data);
+		unimport(e, L->bq);
+		unimport(e, L->bk);
+		unimport(e, L->bv);
 		unimport(e, L->wo.data);
+		unimport(e, L->post_attn_norm);
 		unimport(e, L->ffn_norm);
 		unimport(e, L->w_gate.data);
 		unimport(e, L->w_up.data);
 		unimport(e, L->w_down.data);
+		unimport(e, L->post_ffn_norm);
 	}
+	unimport(e, e->rope.freq_factors);
 	unimport(e, e->tok_embd.data);
 	if (e->output.data != e->tok_embd.data)
 		unimport(e, e->output.data);
 	unimport(e, e->output_norm);
 	free(e->layers);
 	e->layers = NULL;
+}
+
+/* One layer's weights; the views of a fused weight each import their own rows. */
+static int layer_import(struct engine *e, struct model_layer *L, const struct model_layer *S)
+{
+	const struct model_hparams *hp = &e->m->hp;
+	int rc;
+	L->window = S->window;
+	if ((rc = import_norm(e, &L->attn_norm, S->attn_norm)) ||
+	    (rc = import_weight(e, &L->wq, &S->wq)) ||
+	    (rc = import_weight(e, &L->wk, &S->wk)) ||
+	    (rc = import_weight(e, &L->wv, &S->wv)) ||
+	    (rc = import_vec(e, &L->bq, S->bq, hp->q_dim)) ||
+	    (rc = import_vec(e, &L->bk, S->bk, hp->kv_dim)) ||
+	    (rc = import_vec(e, &L->bv, S->bv, hp->kv_dim)) ||
+	    (rc = import_weight(e, &L->wo, &S->wo)) ||
+	    (rc = import_norm(e, &L->post_attn_norm, S->post_attn_norm)) ||
+	    (rc = import_norm(e, &L->ffn_norm, S->ffn_norm)) ||
+	    (rc = import_weight(e, &L->w_gate, &S->w_gate)) ||
+	    (rc = import_weight(e, &L->w_up, &S->w_up)) ||
+	    (rc = import_weight(e, &L->w_down, &S->w_down)))
+		return rc;
+	return import_norm(e, &L->post_ffn_norm, S->post_ffn_norm);
 }
 
 /* Weights go to the backend once, in their GGUF block formats; a tied LM head shares the embedding. */
@@ -145,7 +186,10 @@ static int weights_import(struct engine *e)
 	e->layers = calloc(m->hp.n_layers, sizeof(*e->layers));
 	if (!e->layers)
 		return -ENOMEM;
-	int rc = import_weight(e, &e->tok_embd, &m->tok_embd);
+	e->rope = m->rope;
+	int rc = import_vec(e, &e->rope.freq_factors, m->rope.h_freq_factors, m->hp.rot_dim / 2);
+	if (!rc)
+		rc = import_weight(e, &e->tok_embd, &m->tok_embd);
 	if (!rc && m->output.data == m->tok_embd.data) {
 		e->output = m->output;
 		e->output.data = e->tok_embd.data;
@@ -154,21 +198,31 @@ static int weights_import(struct engine *e)
 	}
 	if (!rc)
 		rc = import_norm(e, &e->output_norm, m->output_norm);
-	for (uint32_t l = 0; !rc && l < m->hp.n_layers; l++) {
-		const struct model_layer *S = &m->layers[l];
-		struct model_layer *L = &e->layers[l];
-		if ((rc = import_norm(e, &L->attn_norm, S->attn_norm)) ||
-		    (rc = import_weight(e, &L->wq, &S->wq)) ||
-		    (rc = import_weight(e, &L->wk, &S->wk)) ||
-		    (rc = import_weight(e, &L->wv, &S->wv)) ||
-		    (rc = import_weight(e, &L->wo, &S->wo)) ||
-		    (rc = import_norm(e, &L->ffn_norm, S->ffn_norm)) ||
-		    (rc = import_weight(e, &L->w_gate, &S->w_gate)) ||
-		    (rc = import_weight(e, &L->w_up, &S->w_up)))
-			break;
-		rc = import_weight(e, &L->w_down, &S->w_down);
-	}
+	for (uint32_t l = 0; !rc && l < m->hp.n_layers; l++)
+		rc = layer_import(e, &e->layers[l], &m->layers[l]);
 	return rc;
+}
+
+int engine_supports(const struct model *m, const struct backend *be, char *err, size_t errlen)
+{
+	const struct model_hparams *hp = &m->hp;
+	const struct backend_ops *op = be->ops;
+	const char *need = NULL;
+	if (hp->qkv_bias && !op->add_bias)
+		need = "add_bias (Q/K/V biases)";
+	else if (hp->embd_scale != 0.0f && !op->scale)
+		need = "scale (embedding scale)";
+	else if (hp->act == MODEL_ACT_GELU && !op->geglu)
+		need = "geglu (GELU-gated FFN)";
+	else if (hp->final_softcap != 0.0f && !op->softcap)
+		need = "softcap (final logit soft-capping)";
+	else if (hp->attn_softcap != 0.0f && !op->scale)
+		need = "scale (Q before soft-capped attention)";
+	if (!need)
+		return 0;
+	return log_errf(err, errlen, -ENOTSUP,
+			"backend '%s' has no %s operation, which architecture '%s' needs", op->name,
+			need, hp->arch);
 }
 
 int engine_create(struct engine **out, struct model *m, struct backend *be,
@@ -180,6 +234,12 @@ int engine_create(struct engine **out, struct model *m, struct backend *be,
 	/* The blocks must be where the backend computes: host memory, or this device's. */
 	if (be->host_mem ? kvpool_backend(pool) != NULL : kvpool_backend(pool) != be)
 		return -EINVAL;
+	char why[160];
+	int rc = engine_supports(m, be, why, sizeof(why));
+	if (rc) {
+		log_msg(LOG_ERR, "%s", why);
+		return rc;
+	}
 	struct engine *e = calloc(1, sizeof(*e));
 	if (!e)
 		return -ENOMEM;
@@ -187,7 +247,7 @@ int engine_create(struct engine **out, struct model *m, struct backend *be,
 	e->be = be;
 	e->pool = pool;
 	e->max_rows = max_rows;
-	int rc = weights_import(e);
+	rc = weights_import(e);
 	if (!rc)
 		rc = arena_resize(e, max_rows < KEEP_ROWS ? max_rows : KEEP_ROWS);
 	if (rc) {
@@ -319,6 +379,53 @@ struct step {
 	struct kb_kv_rows kv;	/* geo.k_off / v_off set per layer */
 };
 
+/* Attention sub-layer: x's normed copy xb in, the residual added and the FFN's input normed into xb out. */
+static int forward_attn(struct engine *e, uint32_t l, struct step *st)
+{
+	const struct model_hparams *hp = &e->m->hp;
+	const struct model_layer *L = &e->layers[l];
+	const struct backend_ops *op = e->be->ops;
+	struct backend *be = e->be;
+	const uint32_t n = st->n;
+
+	float *const qkv_out[3] = { e->q, e->k, e->v };
+	const struct kb_weight *const qkv[3] = { &L->wq, &L->wk, &L->wv };
+	TRY(op->matmul_multi(be, qkv_out, qkv, 3, e->xb, n));
+	if (L->bq)
+		TRY(op->add_bias(be, e->q, L->bq, n, hp->q_dim));
+	if (L->bk)
+		TRY(op->add_bias(be, e->k, L->bk, n, hp->kv_dim));
+	if (L->bv)
+		TRY(op->add_bias(be, e->v, L->bv, n, hp->kv_dim));
+	TRY(op->rope(be, e->q, st->pos, n, hp->n_heads, hp->head_dim, &e->rope));
+	TRY(op->rope(be, e->k, st->pos, n, hp->n_kv_heads, hp->head_dim, &e->rope));
+
+	struct kb_attn_shape shape = {
+		.n_heads = hp->n_heads, .n_kv_heads = hp->n_kv_heads, .head_dim = hp->head_dim,
+		.scale = hp->attn_scale, .softcap = hp->attn_softcap, .window = L->window,
+	};
+	/*
+	 * Where llama.cpp scales Q before attention, so do we: the soft-cap
+	 * then sees scaled scores (Gemma 2), and an f16 cache's rounding of Q
+	 * happens after the scale. Without a scale op (only where no cap needs
+	 * it) the attention applies the same factor.
+	 */
+	if (hp->q_prescale && op->scale) {
+		TRY(op->scale(be, e->q, hp->attn_scale, n, hp->q_dim));
+		shape.scale = 1.0f;
+	}
+	const size_t row = st->kv.geo.row_bytes, bt = st->kv.geo.block_tokens;
+	st->kv.geo.k_off = (size_t)l * 2 * bt * row;
+	st->kv.geo.v_off = ((size_t)l * 2 + 1) * bt * row;
+	/* K (after RoPE) and V go into each row's sequence; Q is never cached. */
+	TRY(op->write_kv_rows(be, &st->kv, st->pos, n, hp->kv_dim, e->k, e->v));
+	TRY(op->attention_rows(be, e->att, e->q, &st->kv, st->pos, n, &shape));
+	TRY(op->matmul(be, e->o, &L->wo, e->att, n));
+	if (L->post_attn_norm)
+		TRY(op->rmsnorm(be, e->o, e->o, L->post_attn_norm, n, hp->dim, hp->norm_eps));
+	return op->add_rmsnorm(be, e->xb, e->x, e->o, L->ffn_norm, n, hp->dim, hp->norm_eps);
+}
+
 static int forward_layer(struct engine *e, uint32_t l, struct step *st)
 {
 	const struct model_hparams *hp = &e->m->hp;
@@ -330,31 +437,18 @@ static int forward_layer(struct engine *e, uint32_t l, struct step *st)
 	/* Layer 0 norms the embeddings; every later layer's input norm came fused with the residual add. */
 	if (l == 0)
 		TRY(op->rmsnorm(be, e->xb, e->x, L->attn_norm, n, hp->dim, hp->norm_eps));
-	float *const qkv_out[3] = { e->q, e->k, e->v };
-	const struct kb_weight *const qkv[3] = { &L->wq, &L->wk, &L->wv };
-	TRY(op->matmul_multi(be, qkv_out, qkv, 3, e->xb, n));
-	const struct kb_rope rope = KB_ROPE_PLAIN(hp->rot_dim, hp->rope_theta, hp->rope_neox);
-	TRY(op->rope(be, e->q, st->pos, n, hp->n_heads, hp->head_dim, &rope));
-	TRY(op->rope(be, e->k, st->pos, n, hp->n_kv_heads, hp->head_dim, &rope));
-
-	struct kb_attn_shape shape = {
-		.n_heads = hp->n_heads, .n_kv_heads = hp->n_kv_heads,
-		.head_dim = hp->head_dim, .scale = 1.0f / sqrtf((float)hp->head_dim),
-	};
-	const size_t row = st->kv.geo.row_bytes, bt = st->kv.geo.block_tokens;
-	st->kv.geo.k_off = (size_t)l * 2 * bt * row;
-	st->kv.geo.v_off = ((size_t)l * 2 + 1) * bt * row;
-	/* K (after RoPE) and V go into each row's sequence; Q is never cached. */
-	TRY(op->write_kv_rows(be, &st->kv, st->pos, n, hp->kv_dim, e->k, e->v));
-	TRY(op->attention_rows(be, e->att, e->q, &st->kv, st->pos, n, &shape));
-	TRY(op->matmul(be, e->o, &L->wo, e->att, n));
-	TRY(op->add_rmsnorm(be, e->xb, e->x, e->o, L->ffn_norm, n, hp->dim, hp->norm_eps));
+	TRY(forward_attn(e, l, st));
 
 	float *const gu_out[2] = { e->gate, e->up };
 	const struct kb_weight *const gu[2] = { &L->w_gate, &L->w_up };
 	TRY(op->matmul_multi(be, gu_out, gu, 2, e->xb, n));
-	TRY(op->swiglu(be, e->gate, e->gate, e->up, n, hp->ffn_dim));
+	if (hp->act == MODEL_ACT_GELU)
+		TRY(op->geglu(be, e->gate, e->gate, e->up, n, hp->ffn_dim));
+	else
+		TRY(op->swiglu(be, e->gate, e->gate, e->up, n, hp->ffn_dim));
 	TRY(op->matmul(be, e->o, &L->w_down, e->gate, n));
+	if (L->post_ffn_norm)
+		TRY(op->rmsnorm(be, e->o, e->o, L->post_ffn_norm, n, hp->dim, hp->norm_eps));
 	if (l + 1 < hp->n_layers)
 		TRY(op->add_rmsnorm(be, e->xb, e->x, e->o, e->layers[l + 1].attn_norm, n, hp->dim,
 				    hp->norm_eps));
@@ -370,6 +464,8 @@ static int forward_ops(struct engine *e, const struct engine_row *rows, struct s
 	const struct model_hparams *hp = &e->m->hp;
 	const struct backend_ops *op = e->be->ops;
 	TRY(op->get_rows(e->be, e->x, &e->tok_embd, st->tok, st->n));
+	if (hp->embd_scale != 0.0f)
+		TRY(op->scale(e->be, e->x, hp->embd_scale, st->n, hp->dim));
 	for (uint32_t l = 0; l < hp->n_layers; l++)
 		TRY(forward_layer(e, l, st));
 	if (!st->nw)
@@ -385,7 +481,9 @@ static int forward_ops(struct engine *e, const struct engine_row *rows, struct s
 		nw++;
 	}
 	TRY(op->rmsnorm(e->be, e->xb, e->x, e->output_norm, nw, hp->dim, hp->norm_eps));
-	return op->matmul(e->be, out, &e->output, e->xb, nw);
+	TRY(op->matmul(e->be, out, &e->output, e->xb, nw));
+	return hp->final_softcap != 0.0f ? op->softcap(e->be, out, hp->final_softcap, nw, hp->vocab)
+					 : 0;
 }
 
 /*

@@ -23,8 +23,17 @@ struct engine_row {
 };
 
 /*
+ * 0 when be has every optional operation m's architecture needs (add_bias,
+ * scale, geglu, softcap: see backend.h); else -ENOTSUP with err naming the
+ * backend, the operation and the architecture.
+ */
+int engine_supports(const struct model *m, const struct backend *be, char *err, size_t errlen);
+
+/*
  * max_rows: the most rows one engine_forward() call may take. K/V live in
- * pool (borrowed; its layers and kv_dim must match the model).
+ * pool (borrowed; its layers and kv_dim must match the model). -ENOTSUP,
+ * with engine_supports()'s message logged, when the backend lacks an
+ * operation the model needs.
  */
 int engine_create(struct engine **out, struct model *m, struct backend *be,
 		  struct kvpool *pool, uint32_t max_rows);
