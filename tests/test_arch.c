@@ -57,6 +57,8 @@ enum expect { RUN, REFUSED };
 /* With and without rope_freqs.weight llama.cpp's distributions are ~0.35 apart: kvd's must differ too. */
 #define FREQS_MIN_KLD 0.01
 
+#define GEN_CTX 512	/* gen_arch.py's N_CTX */
+
 struct arch_case {
 	const char *name;	/* tests/golden/arch/<name>.gguf and .ref */
 	enum expect expect;	/* flip to RUN as support lands */
@@ -77,6 +79,8 @@ static const struct arch_case CASES[] = {
 	{ "mistral-nemo",    RUN,     "head_dim",        KLD_F32,   GAP_F32, 1 },
 	{ "qwen2",           RUN,     "qwen2",           KLD_F32,   GAP_F32, 1 },
 	{ "phi3",            RUN,     "phi3",            KLD_F32,   GAP_F32, 1 },
+	{ "phi3-longrope-short", RUN, NULL,              KLD_F32,   GAP_F32, 1 },
+	{ "phi3-longrope-long",  RUN, NULL,              KLD_F32,   GAP_F32, 1 },
 	{ "gemma",           RUN,     "gemma",           KLD_F32,   GAP_F32, 1 },
 	{ "gemma2",          RUN,     "gemma2",          KLD_F32,   GAP_GELU, 1 },
 	{ "llama-q4_0",      RUN,     NULL,              KLD_Q,     GAP_Q,   0 },
@@ -371,6 +375,9 @@ static void test_case(void **state)
 		return;
 	}
 	assert_int_equal(M->hp.vocab, REF.vocab);
+	/* llama.cpp's context in gen_arch.py: LongRoPE picks its factors by it. */
+	if (model_set_ctx(M, GEN_CTX, err, sizeof(err)))
+		fail_msg("%s: %s", c->name, err);
 	run_case(c, fg);
 }
 

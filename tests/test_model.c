@@ -346,7 +346,7 @@ static void test_arch_refusals(void **state)
 	} cases[] = {
 		{ { .arch = "llama", .kv = vlen, .n_kv = 2 }, "llama.attention.value_length" },
 		{ { .arch = "phi3", .fused_qkv = 1, .fused_up = 1, .kv = lrope, .n_kv = 1 }, "phi3.rope.scaling.type" },
-		{ { .arch = "phi3", .fused_qkv = 1, .fused_up = 1, .extra = "rope_factors_long.weight" }, "rope_factors_long.weight" },
+		{ { .arch = "phi3", .fused_qkv = 1, .fused_up = 1, .extra = "rope_factors_long.weight" }, "rope_factors_short.weight" },
 		{ { .arch = "llama", .kv = ascale, .n_kv = 1 }, "llama.attention.scale" },
 		{ { .arch = "llama", .kv = cap, .n_kv = 1 }, "llama.final_logit_softcapping" },
 		{ { .arch = "gemma2", .post_norms = 1, .kv = swab, .n_kv = 1 }, "gemma2.rope.freq_base_swa" },

@@ -27,6 +27,7 @@ struct arch_row {
 	uint32_t swa_pattern;	/* 0: no sliding window; n: layer l slides when l % n < n - 1 */
 	int rope_freqs;		/* rope_freqs.weight may hold frequency factors */
 	int q_prescale;		/* Q times the attention scale after RoPE, then attention at scale 1 */
+	int longrope;		/* rope_factors_long/short may hold LongRoPE's factors (Phi-3 128k, 3.5) */
 };
 
 static const struct arch_row arch_table[] = {
@@ -34,7 +35,8 @@ static const struct arch_row arch_table[] = {
 	{ .name = "mistral", .id = MODEL_ARCH_LLAMA, .rope_freqs = 1 },
 	{ .name = "qwen2", .id = MODEL_ARCH_QWEN2, .neox = 1 },
 	/* llama.cpp reads phi3.attention.sliding_window and then disables it (its PR 13676): so do we. */
-	{ .name = "phi3", .id = MODEL_ARCH_PHI3, .neox = 1, .fused_up = 1, .q_prescale = 1 },
+	{ .name = "phi3", .id = MODEL_ARCH_PHI3, .neox = 1, .fused_up = 1, .q_prescale = 1,
+	  .longrope = 1 },
 	{ .name = "gemma", .id = MODEL_ARCH_GEMMA, .neox = 1, .always_tied = 1, .embd_scaled = 1,
 	  .act = MODEL_ACT_GELU, .q_prescale = 1 },
 	{ .name = "gemma2", .id = MODEL_ARCH_GEMMA2, .neox = 1, .always_tied = 1, .embd_scaled = 1,
@@ -319,10 +321,11 @@ static int check_math_keys(struct model *m, const struct arch_row *a, char *err,
 {
 	uint32_t v;
 	int rc;
-	if (gguf_find_tensor(m->gguf, "rope_factors_long.weight") ||
-	    gguf_find_tensor(m->gguf, "rope_factors_short.weight"))
+	if (!a->longrope && (gguf_find_tensor(m->gguf, "rope_factors_long.weight") ||
+			     gguf_find_tensor(m->gguf, "rope_factors_short.weight")))
 		return log_errf(err, errlen, -ENOTSUP,
-				"tensor '%s': LongRoPE (Phi-3 128k, Phi-3.5) is not supported",
+				"tensor '%s': LongRoPE factors are not part of this architecture's "
+				"forward pass",
 				gguf_find_tensor(m->gguf, "rope_factors_long.weight")
 					? "rope_factors_long.weight" : "rope_factors_short.weight");
 	if (!model_get_u32(m, "expert_count", &v, NULL, 0) && v > 0) {
@@ -345,7 +348,33 @@ static int check_math_keys(struct model *m, const struct arch_row *a, char *err,
 			  "layers are not part of this architecture's forward pass", err, errlen);
 }
 
-/* The LM head, and frequency factors of rope_freqs.weight (Llama 3). */
+/*
+ * LongRoPE's two sets of frequency factors: llama.cpp uses the long ones when
+ * the context a sequence may reach is above the original one, the short
+ * ones otherwise, for every position (model_set_ctx picks).
+ */
+static int bind_longrope(struct model *m, char *err, size_t errlen)
+{
+	const struct model_hparams *hp = &m->hp;
+	int have_long = gguf_find_tensor(m->gguf, "rope_factors_long.weight") != NULL;
+	int have_short = gguf_find_tensor(m->gguf, "rope_factors_short.weight") != NULL;
+	if (!have_long && !have_short)
+		return 0;
+	if (have_long != have_short)
+		return log_errf(err, errlen, -EINVAL, "tensor 'rope_factors_%s.weight': missing, "
+				"LongRoPE needs both the long and the short factors",
+				have_long ? "short" : "long");
+	if (m->rope_factors_own || gguf_find_tensor(m->gguf, "rope_freqs.weight"))
+		return log_errf(err, errlen, -ENOTSUP, "tensor 'rope_factors_long.weight': the file "
+				"gives frequency factors twice (also rope_freqs or llama3 metadata)");
+	int rc = bind_vec(m, "rope_factors_long.weight", &m->rope_long, hp->rot_dim / 2, err, errlen);
+	if (!rc)
+		rc = bind_vec(m, "rope_factors_short.weight", &m->rope_short, hp->rot_dim / 2, err,
+			      errlen);
+	return rc;
+}
+
+/* The LM head, and frequency factors of rope_freqs.weight (Llama 3) or LongRoPE. */
 static int load_globals(struct model *m, const struct arch_row *a, char *err, size_t errlen)
 {
 	struct model_hparams *hp = &m->hp;
@@ -370,6 +399,8 @@ static int load_globals(struct model *m, const struct arch_row *a, char *err, si
 	}
 	if (a->embd_scaled)
 		hp->embd_scale = sqrtf((float)hp->dim);
+	if (a->longrope && (rc = bind_longrope(m, err, errlen)))
+		return rc;
 	if (!a->rope_freqs || !gguf_find_tensor(m->gguf, "rope_freqs.weight"))
 		return 0;
 	if (m->rope_factors_own)
@@ -546,6 +577,7 @@ int model_load(struct model **out, const char *path, char *err, size_t errlen)
 	}
 	free(m->used);
 	m->used = NULL;
+	model_pick_longrope(m);
 	*out = m;
 	return 0;
 }
@@ -554,6 +586,13 @@ void model_free(struct model *m)
 {
 	if (m)
 		model_release(m);
+}
+
+void model_pick_longrope(struct model *m)
+{
+	if (m->rope_long)
+		m->rope.h_freq_factors = m->hp.ctx_len > m->hp.rope_orig_ctx ? m->rope_long
+									    : m->rope_short;
 }
 
 int model_set_ctx(struct model *m, uint32_t ctx, char *err, size_t errlen)
@@ -571,6 +610,7 @@ int model_set_ctx(struct model *m, uint32_t ctx, char *err, size_t errlen)
 				"does no RoPE scaling to stretch it: use ctx %u or less (0: the model's)",
 				ctx, hp->train_ctx, hp->train_ctx);
 	m->hp.ctx_len = ctx ? ctx : hp->train_ctx;
+	model_pick_longrope(m);
 	return 0;
 }
 

@@ -90,6 +90,8 @@ struct model {
 	 */
 	struct kb_rope rope;
 	float *rope_factors_own;	/* h_freq_factors when computed here */
+	const float *rope_long;		/* LongRoPE's factors (rot_dim / 2,), or NULL */
+	const float *rope_short;
 	uint64_t weight_bytes;		/* of all tensors, in the mapping */
 	uint8_t *used;			/* while loading: (n_tensors,) 1 where bound */
 };
@@ -113,6 +115,14 @@ void model_free(struct model *m);
 int model_set_ctx(struct model *m, uint32_t ctx, char *err, size_t errlen);
 
 /* KV-cache bytes one token needs at elem_bytes per element: 2 · layers · kv_dim · bytes. */
+/*
+ * LongRoPE (Phi-3 128k, Phi-3.5): the long factors when hp.ctx_len is above
+ * the original context, else the short ones, as llama.cpp chooses by its
+ * context size. model_load and model_set_ctx call it; an engine takes the
+ * factors it finds at its creation.
+ */
+void model_pick_longrope(struct model *m);
+
 size_t model_kv_bytes_per_token(const struct model *m, size_t elem_bytes);
 
 /* "llama", "qwen2", ...: the canonical name of the architecture's row in model.c's table. */

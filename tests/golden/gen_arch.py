@@ -70,6 +70,7 @@ from its case, to show the feature changes the distributions.
 """
 
 import argparse
+import math
 import importlib.metadata
 import os
 import shutil
@@ -244,16 +245,37 @@ def make_qwen2(path, vocab, variant=None):
     finish(w, t)
 
 
-def make_phi3(path, vocab, variant=None):
-    """Phi-3 mini: fused attn_qkv and ffn_up (gate | up), output untied, its sliding_window key (2047, as phi-3-mini-4k)."""
+# LongRoPE's factors as Phi-3.5's converter writes them (conversion/phi.py): (head_dim / 2,) each.
+LONGROPE_LONG = [1.0, 1.5, 2.0, 3.0, 5.0, 8.0, 12.0, 20.0]
+LONGROPE_SHORT = [1.0, 1.1, 1.2, 1.3, 1.5, 1.7, 2.0, 2.4]
+
+
+def make_phi3(path, vocab, variant=None, longrope=None):
+    """Phi-3 mini: fused attn_qkv and ffn_up (gate | up), output untied, its sliding_window key (2047, as phi-3-mini-4k).
+
+    longrope "short" / "long": Phi-3.5's LongRoPE, with an original context
+    above / below N_CTX, so that llama.cpp (which picks the long factors when
+    its context exceeds the original one) uses the short / the long factors.
+    """
     c = SMALL
+    ctx, orig = 4096, 4096
+    if longrope:
+        orig = 4096 if longrope == "short" else 128
+        ctx = 4 * orig
     # Not "phi3" in general.name: llama.cpp would then look for Phi-3's special tokens in the cut vocabulary.
-    w = writer(path, "phi3", c, vocab, 4096, "phi mini-like")
-    w.add_rope_scaling_orig_ctx_len(4096)
+    w = writer(path, "phi3", c, vocab, ctx, "phi mini-like")
+    w.add_rope_scaling_orig_ctx_len(orig)
     w.add_rope_dimension_count(c["head_dim"])
     w.add_rope_freq_base(10000.0)
     w.add_sliding_window(2047 if variant != "window" else 64)
-    finish(w, llama_tensors(Rng(c["seed"] + 3), c, fused=True, untied=True))
+    t = llama_tensors(Rng(c["seed"] + 3), c, fused=True, untied=True)
+    if longrope:
+        assert len(LONGROPE_LONG) == c["head_dim"] // 2
+        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(ctx / orig) / math.log(orig)))
+        if variant != "nofactors":
+            t["rope_factors_long.weight"] = np.array(LONGROPE_LONG, dtype=np.float32)
+            t["rope_factors_short.weight"] = np.array(LONGROPE_SHORT, dtype=np.float32)
+    finish(w, t)
 
 
 # Gemma multiplies its input embedding by sqrt(dim) (5.7 here): an embedding 5 times smaller keeps the
@@ -295,6 +317,8 @@ F32_CASES = {
     "mistral-nemo": (make_nemo, {}, []),
     "qwen2": (make_qwen2, {}, ["nobias"]),
     "phi3": (make_phi3, {}, ["window"]),
+    "phi3-longrope-short": (make_phi3, {"longrope": "short"}, ["nofactors"]),
+    "phi3-longrope-long": (make_phi3, {"longrope": "long"}, ["nofactors"]),
     "gemma": (make_gemma, {}, []),
     "gemma2": (make_gemma2, {}, ["noattncap", "nofinalcap", "nowindow"]),
 }
