@@ -87,21 +87,6 @@ static int list_concat(struct jrun *r, struct jlist *a, struct jlist *b, struct 
 	return 0;
 }
 
-static int is_num(struct jv v)
-{
-	return v.type == JV_BOOL || v.type == JV_INT || v.type == JV_FLOAT;
-}
-
-static double num(struct jv v)
-{
-	return v.type == JV_FLOAT ? v.f : v.type == JV_INT ? (double)v.i : v.b;
-}
-
-static int64_t inum(struct jv v)
-{
-	return v.type == JV_INT ? v.i : v.b;
-}
-
 static int arith(struct jrun *r, int op, struct jv a, struct jv b, struct jv *out, int line)
 {
 	int fl = a.type == JV_FLOAT || b.type == JV_FLOAT || op == JO_DIV || op == JO_POW;

@@ -288,21 +288,6 @@ int jv_truthy(struct jv v)
 	}
 }
 
-static int is_num(struct jv v)
-{
-	return v.type == JV_BOOL || v.type == JV_INT || v.type == JV_FLOAT;
-}
-
-static double num(struct jv v)
-{
-	return v.type == JV_FLOAT ? v.f : v.type == JV_INT ? (double)v.i : v.b;
-}
-
-static int64_t inum(struct jv v)
-{
-	return v.type == JV_INT ? v.i : v.b;
-}
-
 static int jstr_same(struct jstr a, struct jstr b)
 {
 	return a.n == b.n && !memcmp(a.p, b.p, a.n);

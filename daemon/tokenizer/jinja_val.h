@@ -77,4 +77,20 @@ int jx_method(struct jrun *r, struct jv obj, struct jstr name, const struct jarg
 int jx_func(struct jrun *r, int id, const struct jargs *a, struct jv *out, int line);
 int jx_tojson(struct jrun *r, struct jbuf *b, struct jv v, int indent, int depth, int line);
 
+/* Python's numeric view of a value: booleans count as 0 and 1. */
+static inline int is_num(struct jv v)
+{
+	return v.type == JV_BOOL || v.type == JV_INT || v.type == JV_FLOAT;
+}
+
+static inline double num(struct jv v)
+{
+	return v.type == JV_FLOAT ? v.f : v.type == JV_INT ? (double)v.i : v.b;
+}
+
+static inline int64_t inum(struct jv v)
+{
+	return v.type == JV_INT ? v.i : v.b;
+}
+
 #endif
