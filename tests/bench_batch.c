@@ -18,6 +18,7 @@
 #include "kernels/backend.h"
 #include "tests/lib/fixture.h"
 #include "tests/lib/rng.h"
+#include "tests/lib/logits.h"
 
 #define RUNS 3
 #define PROMPT 128
@@ -35,14 +36,6 @@ static double clock_s(void)
 	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static uint32_t argmax(const float *v, uint32_t n)
-{
-	uint32_t best = 0;
-	for (uint32_t i = 1; i < n; i++)
-		best = v[i] > v[best] ? i : best;
-	return best;
-}
-
 /* Decode tok/s of one run with n sequences (each prefilled with PROMPT tokens first). */
 static double run_batch(struct engine *e, struct engine_seq *seq, uint32_t n, uint32_t vocab,
 			float *logits, struct engine_row *rows, struct rng *seed)
@@ -55,7 +48,7 @@ static double run_batch(struct engine *e, struct engine_seq *seq, uint32_t n, ui
 		}
 		if (engine_forward(e, rows, PROMPT, logits))
 			return -1;
-		tok[s] = argmax(logits, vocab);
+		tok[s] = logits_argmax(logits, vocab);
 	}
 	double t0 = clock_s();
 	for (uint32_t step = 0; step < steps; step++) {
@@ -64,7 +57,7 @@ static double run_batch(struct engine *e, struct engine_seq *seq, uint32_t n, ui
 		if (engine_forward(e, rows, n, logits))
 			return -1;
 		for (uint32_t s = 0; s < n; s++)
-			tok[s] = argmax(logits + (size_t)s * vocab, vocab);
+			tok[s] = logits_argmax(logits + (size_t)s * vocab, vocab);
 	}
 	double t1 = clock_s();
 	for (uint32_t s = 0; s < n; s++)

@@ -14,6 +14,7 @@
 #include "daemon/engine/kvpool.h"
 #include "daemon/model/model.h"
 #include "kernels/backend.h"
+#include "tests/lib/logits.h"
 
 #define ARCH_DIR "tests/golden/arch/"
 #define REF_MAGIC "KVDAREF1"
@@ -199,19 +200,6 @@ out:
 	return rc;
 }
 
-/* log-softmax of x (n,) into out, in double. */
-static void log_softmax(const float *x, uint32_t n, double *out)
-{
-	double m = x[0], s = 0;
-	for (uint32_t i = 1; i < n; i++)
-		m = x[i] > m ? x[i] : m;
-	for (uint32_t i = 0; i < n; i++)
-		s += exp(x[i] - m);
-	double lse = m + log(s);
-	for (uint32_t i = 0; i < n; i++)
-		out[i] = x[i] - lse;
-}
-
 /*
  * KL(ref || q) over the vocabulary. A stored log-prob at the floor stands
  * for anything below it: counting those at the floor's probability would
@@ -232,15 +220,6 @@ static double kld_row(const int16_t *lp16, const double *lq, uint32_t n)
 		k += exp(lp) * (lp - lq[i]);
 	}
 	return k;
-}
-
-static uint32_t argmax(const float *x, uint32_t n)
-{
-	uint32_t best = 0;
-	for (uint32_t i = 1; i < n; i++)
-		if (x[i] > x[best])
-			best = i;
-	return best;
 }
 
 /* Every position of prompt p through engine e at once, its logits into LOGITS (n, vocab). */
@@ -278,7 +257,7 @@ static int judge(struct backend *be, const struct arch_case *c, double *kld, uin
 			break;
 		kld[k] = 0;
 		for (uint32_t r = 0; r < p->n_rows; r++) {
-			log_softmax(LOGITS + (size_t)p->row_pos[r] * REF.vocab, REF.vocab, lq);
+			logits_log_softmax(lq, LOGITS + (size_t)p->row_pos[r] * REF.vocab, REF.vocab);
 			kld[k] += kld_row(p->lp + (size_t)r * REF.vocab, lq, REF.vocab) / p->n_rows;
 			if (keep && k == REF.n_prompts - 1)
 				memcpy(*keep + (size_t)r * REF.vocab, lq, REF.vocab * sizeof(double));
@@ -287,7 +266,7 @@ static int judge(struct backend *be, const struct arch_case *c, double *kld, uin
 			if (p->gap[i] <= c->gap)
 				continue;
 			++*checked;
-			if (argmax(LOGITS + (size_t)i * REF.vocab, REF.vocab) == p->argmax[i])
+			if (logits_argmax(LOGITS + (size_t)i * REF.vocab, REF.vocab) == p->argmax[i])
 				++*agree;
 			else if (p->gap[i] > *miss_gap)
 				*miss_gap = p->gap[i];

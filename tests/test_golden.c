@@ -16,6 +16,7 @@
 #include "daemon/engine/sampler.h"
 #include "daemon/model/model.h"
 #include "kernels/backend.h"
+#include "tests/lib/logits.h"
 
 #define MAX_PROMPTS 16
 #define NTOP 64
@@ -266,15 +267,6 @@ static int prefill(struct engine_seq *s, const uint32_t *ids, uint32_t n, float 
 	return generate_prefill(E, s, ids, n, logits, NULL);
 }
 
-static uint32_t argmax(const float *x, uint32_t n)
-{
-	uint32_t best = 0;
-	for (uint32_t i = 1; i < n; i++)
-		if (x[i] > x[best])
-			best = i;
-	return best;
-}
-
 static void test_final_logits(void **state)
 {
 	(void)state;
@@ -291,7 +283,7 @@ static void test_final_logits(void **state)
 			maxref = fmaxf(maxref, fabsf(g->top_logit[i]));
 			maxd = fmaxf(maxd, fabsf(logits[g->top_id[i]] - g->top_logit[i]));
 		}
-		uint32_t am = argmax(logits, vocab);
+		uint32_t am = logits_argmax(logits, vocab);
 		float gap = g->top_logit[0] - g->top_logit[1];
 		printf("prompt %d (%u tokens): max|d| %.4f (%.2f%% of max|ref| %.2f), argmax %u ref %u\n",
 		       p, g->n, maxd, 100 * maxd / maxref, maxref, am, g->top_id[0]);
@@ -373,7 +365,7 @@ static void test_teacher_forced(void **state)
 		engine_seq_init(E, &s, 0);
 		assert_int_equal(prefill(&s, g->ids, g->n, logits), 0);
 		for (int t = 0; t < NGEN; t++) {
-			uint32_t tok = argmax(logits, vocab);
+			uint32_t tok = logits_argmax(logits, vocab);
 			total++;
 			if (tok == g->greedy[t]) {
 				agree++;
@@ -448,7 +440,7 @@ static int kld_chunk(struct engine *e, uint32_t c, struct engine_row *rows, floa
 		const float *l = logits + (size_t)j * vocab;
 		if (p->next != t[p->pos + 1])
 			return -EINVAL;
-		uint32_t am = argmax(l, vocab);
+		uint32_t am = logits_argmax(l, vocab);
 		if (c < R.kld_chunks) {
 			r->mean_kld += kld_top(p, l, vocab, mask);
 			r->n_kld++;

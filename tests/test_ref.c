@@ -20,6 +20,7 @@
 #include "kernels/ref/deq.h"
 #include "tests/lib/fixture.h"
 #include "tests/lib/rng.h"
+#include "tests/lib/logits.h"
 
 
 static struct backend *REFB, *CPUB;
@@ -880,19 +881,6 @@ static void model_logits(struct fixture *fx, struct backend *be, uint32_t kv_typ
 	assert_int_equal(rc, 0);
 }
 
-/* log softmax of x (n,) in double into out. */
-static void log_softmax(double *out, const float *x, uint32_t n)
-{
-	double max = x[0], sum = 0;
-	for (uint32_t i = 1; i < n; i++)
-		max = x[i] > max ? x[i] : max;
-	for (uint32_t i = 0; i < n; i++)
-		sum += exp(x[i] - max);
-	double lse = max + log(sum);
-	for (uint32_t i = 0; i < n; i++)
-		out[i] = x[i] - lse;
-}
-
 struct kld {
 	double mean, max;
 	uint32_t same_top, n;
@@ -905,8 +893,8 @@ static struct kld compare_logits(const float *ref, const float *test, uint32_t n
 	double *lp = malloc(vocab * sizeof(double)), *lq = malloc(vocab * sizeof(double));
 	assert_true(lp && lq);
 	for (uint32_t p = 0; p < n; p++) {
-		log_softmax(lp, ref + (size_t)p * vocab, vocab);
-		log_softmax(lq, test + (size_t)p * vocab, vocab);
+		logits_log_softmax(lp, ref + (size_t)p * vocab, vocab);
+		logits_log_softmax(lq, test + (size_t)p * vocab, vocab);
 		double d = 0;
 		uint32_t tp = 0, tq = 0;
 		for (uint32_t i = 0; i < vocab; i++) {
