@@ -1,6 +1,6 @@
 # tools/ — command-line programs built on libkvclient.
 TOOLS := $(patsubst tools/%.c,%,$(wildcard tools/kv*.c))
-TOOL_BINS := $(TOOLS:%=$(B)/%)
+TOOL_BINS := $(TOOLS:%=$(B)/%) $(B)/kvhttp
 
 # Each tool links what it uses, not the daemon's $(LDLIBS): no liburing,
 # libsystemd or xxhash, none of the CUDA libraries, no RUNPATH into CUDA.
@@ -19,6 +19,11 @@ $(B)/tools/kvc_example.o: $(KVC_INC_HDRS)
 $(B)/kvctl $(B)/kvbench $(B)/kvtop: $(B)/tools/common.o
 $(B)/kvbench: $(B)/tools/bench_results.o
 $(B)/kvctl: $(B)/tools/turn.o
+
+# kvhttp, the OpenAI-compatible HTTP front: libmicrohttpd and jansson (Debian's), threads.
+KVHTTP_OBJS := $(patsubst %.c,$(B)/%.o,$(wildcard tools/kvhttp/*.c))
+$(B)/kvhttp: $(KVHTTP_OBJS) $(B)/tools/common.o $(B)/libkvclient.a
+	$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(filter %.a,$^) -lmicrohttpd -ljansson -pthread
 
 all: $(TOOL_BINS)
 

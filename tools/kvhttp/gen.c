@@ -1,0 +1,404 @@
+/* gen.c — one OpenAI request run on leased kvd slots: prefill, decode, stop strings across tokens, cancel. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <sys/random.h>
+#include "tools/kvhttp/kvhttp.h"
+
+#define SLICE_MS	1000	/* waits are cut into slices; none has a deadline of its own */
+#define END_SLICES	120	/* a cancel's completion: give up on a daemon silent for 2 min */
+#define KVH_UD_RESET	3
+
+void kvh_err_from_kvd(struct kvh_err *e, int err, uint32_t aux, uint32_t ctx_len)
+{
+	switch (err) {
+	case -E2BIG:
+		kvh_err_set(e, 400, "invalid_request_error", "messages", "context_length_exceeded",
+			    "this model's maximum context length is %u tokens; the request needs %u", ctx_len,
+			    aux);
+		break;
+	case -EBUSY: case -EDQUOT: case -EMFILE: case -EAGAIN:
+		kvh_err_set(e, 429, "rate_limit_error", NULL, "rate_limit_exceeded", "kvd is at its limits: %s",
+			    kvc_strerror(err));
+		e->retry_after = 1;
+		break;
+	case -ENOSPC:
+		kvh_err_set(e, 400, "invalid_request_error", NULL, "context_length_exceeded",
+			    "the KV cache cannot hold this request: %s", kvc_strerror(err));
+		break;
+	case -ERANGE:
+		kvh_err_set(e, 400, "invalid_request_error", "prompt", NULL, "a token id is outside the vocabulary");
+		break;
+	case -EINVAL: case -EFAULT:
+		kvh_err_set(e, 400, "invalid_request_error", NULL, NULL, "kvd refused the request: %s",
+			    kvc_strerror(err));
+		break;
+	case -ECONNRESET: case -EPIPE: case -ECONNREFUSED: case -ENOENT: case -ESHUTDOWN: case -ETIMEDOUT:
+		kvh_err_set(e, 503, "server_error", NULL, "service_unavailable", "kvd is not available: %s",
+			    kvc_strerror(err));
+		e->retry_after = 1;
+		break;
+	default:
+		kvh_err_set(e, 500, "server_error", NULL, NULL, "kvd: %s", kvc_strerror(err));
+	}
+}
+
+/* The next completion of the lease of kind `kind` for choice i, taking others as they come. */
+static int wait_kind(struct kvh_gen *g, struct kvd_cqe *cqe, int client_fd)
+{
+	for (;;) {
+		int rc = kvh_lease_wait(&g->lease, cqe, client_fd, SLICE_MS);
+		if (rc != -ETIMEDOUT)
+			return rc;
+	}
+}
+
+/* Write the prompt into slot 0's part; *used: bytes taken there. */
+static int put_prompt(struct kvh_gen *g, struct kvd_sqe *tmpl, uint32_t *used)
+{
+	const struct kvh_req *r = g->req;
+	uint8_t *a = kvh_lease_arena(&g->lease);
+	uint32_t base = g->lease.off[0], room = g->lease.part_bytes / 2;
+	size_t bytes = r->ids ? (size_t)r->n_ids * 4 : r->text_len + r->system_len;
+	if (bytes > room || (!r->ids && !r->text_len))
+		return bytes ? -E2BIG : -EINVAL;
+	memset(tmpl, 0, sizeof(*tmpl));
+	tmpl->tokens_off = base;
+	if (r->ids) {
+		memcpy(a + base, r->ids, bytes);
+		tmpl->n_tokens = r->n_ids;
+	} else {
+		memcpy(a + base, r->text, r->text_len);
+		tmpl->n_tokens = (uint32_t)r->text_len;
+		tmpl->flags = KVD_SQE_TEXT | (r->chat ? KVD_SQE_CHAT : 0);
+		if (r->system_len) {
+			memcpy(a + base + r->text_len, r->system, r->system_len);
+			tmpl->system_off = base + (uint32_t)r->text_len;
+			tmpl->system_len = (uint32_t)r->system_len;
+		}
+	}
+	*used = ((uint32_t)bytes + 63) & ~63u;
+	return 0;
+}
+
+/* PREFILL every slot with the prompt; the first one's positions are the prompt's tokens. */
+static int prefill(struct kvh_gen *g, int client_fd, struct kvh_err *e)
+{
+	const struct kvd_hello_rep *h = kvh_lease_info(&g->lease);
+	struct kvd_sqe tmpl, sqe;
+	uint32_t used;
+	int rc = put_prompt(g, &tmpl, &used);
+	if (rc == -E2BIG) {
+		kvh_err_set(e, 413, "invalid_request_error", NULL, NULL, "the prompt is larger than kvhttp's "
+			    "room for it (%u bytes)", g->lease.part_bytes / 2);
+		return rc;
+	}
+	if (rc) {
+		kvh_err_set(e, 400, "invalid_request_error", "prompt", NULL, "the prompt is empty");
+		return rc;
+	}
+	for (uint32_t i = 0; i < g->req->n && !rc; i++) {
+		kvc_prep_prefill(&sqe, g->lease.session_id, g->lease.slot[i],
+				 kvh_lease_ud(&g->lease, i, KVH_UD_PREFILL), tmpl.tokens_off, tmpl.n_tokens);
+		sqe.flags = tmpl.flags;
+		sqe.system_off = tmpl.system_off;
+		sqe.system_len = tmpl.system_len;
+		rc = kvh_lease_submit(&g->lease, &sqe);
+	}
+	for (uint32_t got = 0; got < g->req->n && !rc;) {
+		struct kvd_cqe cqe;
+		rc = wait_kind(g, &cqe, client_fd);
+		if (rc || kvh_ud_kind(cqe.user_data) != KVH_UD_PREFILL || (cqe.flags & KVD_CQE_MORE))
+			continue;
+		got++;
+		if (cqe.res < 0)
+			rc = cqe.res;
+		else if (kvh_ud_choice(cqe.user_data) == 0)
+			g->prompt_tokens = (uint32_t)cqe.res;
+		if (cqe.flags & KVD_CQE_PREFIX_HIT)
+			g->prefix_hit = 1;
+		if (rc == -E2BIG)
+			kvh_err_from_kvd(e, rc, cqe.aux, h->ctx_len);
+	}
+	if (rc && rc != -E2BIG)
+		kvh_err_from_kvd(e, rc, 0, h->ctx_len);
+	g->prompt_used = used;
+	return rc;
+}
+
+/* How many tokens to ask for: max_tokens, or up to the context (and the per-request limit). */
+static int pick_max(struct kvh_gen *g, struct kvh_err *e)
+{
+	const struct kvd_hello_rep *h = kvh_lease_info(&g->lease);
+	uint32_t lim = h->ctx_len < h->max_tokens ? h->ctx_len : h->max_tokens;
+	uint32_t room = g->prompt_tokens < lim ? lim - g->prompt_tokens : 0;
+	int64_t want = g->req->max_tokens;
+	if (want < 0)
+		want = room;
+	if (want == 0 || want > room) {
+		kvh_err_set(e, 400, "invalid_request_error", g->req->max_tokens < 0 ? "messages" : "max_tokens",
+			    "context_length_exceeded", "this model's maximum context length is %u tokens; "
+			    "the prompt has %u and %lld more were asked for", lim, g->prompt_tokens,
+			    (long long)(want ? want : 1));
+		return -E2BIG;
+	}
+	g->max_tokens = (uint32_t)want;
+	uint32_t out_room = (g->lease.part_bytes - g->prompt_used) / 4;
+	if (g->max_tokens > out_room) {
+		kvh_err_set(e, 400, "invalid_request_error", "max_tokens", NULL,
+			    "max_tokens above kvhttp's room for the output (%u)", out_room);
+		return -E2BIG;
+	}
+	return 0;
+}
+
+static uint32_t out_off(const struct kvh_gen *g, uint32_t i)
+{
+	return g->lease.off[i] + (i == 0 ? g->prompt_used : 0);
+}
+
+static int decode(struct kvh_gen *g, struct kvh_err *e)
+{
+	const struct kvh_req *r = g->req;
+	uint64_t seed = r->seed;
+	if (!r->has_seed && getrandom(&seed, sizeof(seed), 0) != sizeof(seed))
+		seed = (uint64_t)time(NULL);
+	struct kvc_sampling s = { .temperature = (float)r->temperature, .top_p = (float)r->top_p };
+	for (uint32_t i = 0; i < r->n; i++) {
+		struct kvd_sqe sqe;
+		kvc_prep_decode(&sqe, g->lease.session_id, g->lease.slot[i],
+				kvh_lease_ud(&g->lease, i, KVH_UD_DECODE), out_off(g, i), g->max_tokens);
+		sqe.flags = KVD_SQE_STREAM;
+		s.seed = seed + i;
+		if (kvc_prep_sampling(&sqe, &s)) {
+			kvh_err_set(e, 400, "invalid_request_error", "temperature", NULL, "sampling out of range");
+			return -EINVAL;
+		}
+		int rc = kvh_lease_submit(&g->lease, &sqe);
+		if (rc) {
+			kvh_err_from_kvd(e, rc, 0, 0);
+			return rc;
+		}
+		g->running++;
+		g->started++;
+	}
+	return 0;
+}
+
+int kvh_gen_start(struct kvh_gen *g, const struct kvh_req *r, int client_fd, struct kvh_err *e)
+{
+	memset(g, 0, sizeof(*g));
+	g->req = r;
+	g->client_fd = client_fd;
+	g->created = (long)time(NULL);
+	uint64_t rnd = 0;
+	if (getrandom(&rnd, sizeof(rnd), 0) != sizeof(rnd))
+		rnd = (uint64_t)g->created;
+	snprintf(g->id, sizeof(g->id), "%s-%016llx", r->chat ? "chatcmpl" : "cmpl", (unsigned long long)rnd);
+	int rc = kvh_lease_get(&g->lease, r->n);
+	if (rc) {
+		if (rc == -E2BIG)
+			kvh_err_set(e, 400, "invalid_request_error", "n", NULL, "'n' is above this kvd's slots per session");
+		else
+			kvh_err_from_kvd(e, rc, 0, 0);
+		return rc;
+	}
+	g->have_lease = 1;
+	rc = prefill(g, client_fd, e);
+	if (!rc)
+		rc = pick_max(g, e);
+	if (!rc)
+		rc = decode(g, e);
+	return rc;
+}
+
+static int append(struct kvh_choice *c, const char *s, size_t n)
+{
+	if (c->len + n + 1 > c->cap) {
+		size_t cap = (c->len + n + 1) * 2;
+		char *t = realloc(c->text, cap);
+		if (!t)
+			return -ENOMEM;
+		c->text = t;
+		c->cap = cap;
+	}
+	memcpy(c->text + c->len, s, n);
+	c->len += n;
+	c->text[c->len] = 0;
+	return 0;
+}
+
+/*
+ * After new text: a stop string anywhere in what was not emitted (or
+ * straddling it) ends the choice there; else emit all but the longest tail
+ * that could still grow into a stop string.
+ */
+static size_t stop_scan(const struct kvh_req *r, struct kvh_choice *c, int *hit)
+{
+	size_t safe = c->len;
+	*hit = 0;
+	for (uint32_t k = 0; k < r->n_stop; k++) {
+		size_t sl = r->stop_len[k];
+		size_t from = c->emitted >= sl ? c->emitted - sl + 1 : 0;
+		const char *p = c->len >= from + sl ? memmem(c->text + from, c->len - from, r->stop[k], sl) : NULL;
+		if (p && (size_t)(p - c->text) < safe) {
+			safe = (size_t)(p - c->text);
+			*hit = 1;
+		}
+	}
+	if (*hit) {
+		c->len = safe;
+		c->text[safe] = 0;
+		return safe;
+	}
+	for (uint32_t k = 0; k < r->n_stop; k++) {
+		size_t sl = r->stop_len[k];
+		for (size_t t = sl - 1; t > 0; t--)
+			if (t <= c->len && !memcmp(c->text + c->len - t, r->stop[k], t)) {
+				if (c->len - t < safe)
+					safe = c->len - t;
+				break;
+			}
+	}
+	return safe < c->emitted ? c->emitted : safe;
+}
+
+static int cancel(struct kvh_gen *g, uint32_t i)
+{
+	struct kvd_sqe sqe;
+	kvc_prep_cancel(&sqe, g->lease.session_id, kvh_lease_ud(&g->lease, i, KVH_UD_CANCEL),
+			kvh_lease_ud(&g->lease, i, KVH_UD_DECODE));
+	g->ch[i].cancelling = 1;
+	return kvh_lease_submit(&g->lease, &sqe);
+}
+
+/* The tokens of choice i up to n_out into its text; 1 when a sink call happened. */
+static int take_tokens(struct kvh_gen *g, uint32_t i, uint32_t n_out, const struct kvh_sink *s)
+{
+	struct kvh_choice *c = &g->ch[i];
+	const uint32_t *out = (const uint32_t *)(kvh_lease_arena(&g->lease) + out_off(g, i));
+	struct kvc_conn *kc = kvh_lease_kvc(&g->lease);
+	for (; c->tokens < n_out && c->tokens < g->max_tokens && !c->finish; c->tokens++) {
+		uint32_t len;
+		const char *b = kvc_token_bytes(kc, __atomic_load_n(&out[c->tokens], __ATOMIC_RELAXED), &len);
+		char buf[512 + 3];
+		while (b && len) {
+			uint32_t k = len < 512 ? len : 512;
+			size_t w = kvc_utf8_feed(&c->u, b, k, buf);
+			if (append(c, buf, w))
+				return -ENOMEM;
+			b += k;
+			len -= k;
+		}
+		int hit;
+		size_t safe = stop_scan(g->req, c, &hit);
+		if (hit) {
+			c->finish = "stop";
+			c->tokens++;
+			cancel(g, i);
+		}
+		if (safe > c->emitted) {
+			s->text(s->user, i, c->text + c->emitted, safe - c->emitted);
+			c->emitted = safe;
+		}
+	}
+	return 1;
+}
+
+static void finish_choice(struct kvh_gen *g, uint32_t i, const struct kvd_cqe *cqe, const struct kvh_sink *s)
+{
+	struct kvh_choice *c = &g->ch[i];
+	c->done = 1;
+	g->running--;
+	if (!c->finish) {
+		char buf[4];
+		size_t w = kvc_utf8_flush(&c->u, buf);
+		append(c, buf, w);
+		if (c->len > c->emitted)
+			s->text(s->user, i, c->text + c->emitted, c->len - c->emitted);
+		c->emitted = c->len;
+		c->finish = (cqe->flags & KVD_CQE_LENGTH) ? "length" : "stop";
+	}
+	s->finish(s->user, i, c->finish);
+}
+
+int kvh_gen_pump(struct kvh_gen *g, const struct kvh_sink *s, struct kvh_err *e)
+{
+	int acted = 0;
+	while (g->running && !acted) {
+		struct kvd_cqe cqe;
+		int rc = kvh_lease_wait(&g->lease, &cqe, g->client_fd, SLICE_MS);
+		if (rc == -ETIMEDOUT)
+			continue;
+		if (rc) {
+			kvh_err_from_kvd(e, rc, 0, 0);
+			return rc;
+		}
+		uint32_t i = kvh_ud_choice(cqe.user_data);
+		if (kvh_ud_kind(cqe.user_data) != KVH_UD_DECODE || i >= g->req->n || g->ch[i].done ||
+		    (cqe.flags & KVD_CQE_PROGRESS))
+			continue;
+		if (cqe.res < 0 && !(cqe.flags & KVD_CQE_MORE)) {
+			kvh_err_from_kvd(e, cqe.res, cqe.aux, kvh_lease_info(&g->lease)->ctx_len);
+			g->ch[i].done = 1;
+			g->running--;
+			return cqe.res;
+		}
+		acted = take_tokens(g, i, cqe.n_out, s);
+		if (acted < 0)
+			return acted;
+		if (!(cqe.flags & KVD_CQE_MORE)) {
+			finish_choice(g, i, &cqe, s);
+			acted = 1;
+		}
+	}
+	return g->running ? 1 : 0;
+}
+
+/* Wait for the finals of cancelled choices and the RESETs; the daemon may be gone (then stop). */
+static void drain(struct kvh_gen *g, uint32_t resets)
+{
+	for (int slices = 0; (g->running || resets) && slices < END_SLICES;) {
+		struct kvd_cqe cqe;
+		int rc = kvh_lease_wait(&g->lease, &cqe, -1, SLICE_MS);
+		if (rc == -ETIMEDOUT) {
+			slices++;
+			continue;
+		}
+		if (rc)
+			return;
+		uint32_t i = kvh_ud_choice(cqe.user_data);
+		int kind = kvh_ud_kind(cqe.user_data);
+		if (kind == KVH_UD_RESET)
+			resets--;
+		else if (kind == KVH_UD_DECODE && !(cqe.flags & KVD_CQE_MORE) && i < g->req->n && !g->ch[i].done) {
+			g->ch[i].done = 1;
+			g->running--;
+		}
+	}
+}
+
+void kvh_gen_end(struct kvh_gen *g)
+{
+	if (g->have_lease) {
+		uint32_t resets = 0;
+		for (uint32_t i = 0; i < g->started; i++)
+			if (!g->ch[i].done && !g->ch[i].cancelling)
+				cancel(g, i);
+		/* RESET gives the slots' KV blocks back now, not when the slot is reused. */
+		for (uint32_t i = 0; i < g->lease.n; i++) {
+			struct kvd_sqe sqe;
+			kvc_prep_reset(&sqe, g->lease.session_id, g->lease.slot[i],
+				       kvh_lease_ud(&g->lease, i, KVH_UD_RESET));
+			if (kvh_lease_submit(&g->lease, &sqe) == 0)
+				resets++;
+		}
+		drain(g, resets);
+		kvh_lease_put(&g->lease);
+		g->have_lease = 0;
+	}
+	for (uint32_t i = 0; i < KVH_MAX_CHOICES; i++)
+		free(g->ch[i].text);
+}
