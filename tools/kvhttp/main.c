@@ -152,6 +152,28 @@ static int fd_loopback(int fd)
 	return getsockname(fd, (struct sockaddr *)&ss, &l) == 0 && is_loopback((struct sockaddr *)&ss);
 }
 
+/* The address fd listens on, as "ADDR:PORT": port 0 asked for any, and this says which. */
+static const char *fd_name(int fd, char *buf, size_t len)
+{
+	struct sockaddr_storage ss;
+	socklen_t l = sizeof(ss);
+	char a[INET6_ADDRSTRLEN] = "?";
+	unsigned int port = 0;
+	if (getsockname(fd, (struct sockaddr *)&ss, &l) == 0) {
+		if (ss.ss_family == AF_INET) {
+			const struct sockaddr_in *s4 = (const struct sockaddr_in *)&ss;
+			inet_ntop(AF_INET, &s4->sin_addr, a, sizeof(a));
+			port = ntohs(s4->sin_port);
+		} else if (ss.ss_family == AF_INET6) {
+			const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)&ss;
+			inet_ntop(AF_INET6, &s6->sin6_addr, a, sizeof(a));
+			port = ntohs(s6->sin6_port);
+		}
+	}
+	snprintf(buf, len, ss.ss_family == AF_INET6 ? "[%s]:%u" : "%s:%u", a, port);
+	return buf;
+}
+
 int main(int argc, char **argv)
 {
 	struct kvh_opts o = { .listen = "127.0.0.1:8090", .max_body = 4u << 20, .timeout_s = 60,
@@ -181,7 +203,8 @@ int main(int argc, char **argv)
 		fprintf(stderr, "kvhttp: cannot start the HTTP server\n");
 		return TOOL_EXIT_RUNTIME;
 	}
-	fprintf(stderr, "kvhttp: serving on %s\n", o.listen);
+	char where[INET6_ADDRSTRLEN + 16];
+	fprintf(stderr, "kvhttp: serving on %s\n", fd_name(fd, where, sizeof(where)));
 	int sig;
 	sigwait(&set, &sig);
 	MHD_stop_daemon(d);

@@ -13,6 +13,7 @@ static const struct kvh_opts *s_o;
 struct hctx {
 	char	*body;
 	size_t	len;
+	size_t	discarded;	/* bytes of a body over the limit, read and dropped */
 	int	too_big;
 };
 
@@ -356,24 +357,26 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
 		if (!h->too_big)
 			return MHD_YES;
 	}
-	if (*data_size && !h->too_big) {
-		if (h->len + *data_size > s_o->max_body) {
+	if (*data_size) {
+		if (!h->too_big && h->len + *data_size > s_o->max_body)
 			h->too_big = 1;
-		} else {
-			char *b = realloc(h->body, h->len + *data_size + 1);
-			if (!b)
-				return MHD_NO;
-			memcpy(b + h->len, data, *data_size);
-			h->body = b;
-			h->len += *data_size;
-			h->body[h->len] = 0;
+		if (h->too_big) {
+			/* A body without a length: read on (up to a bound) so the 413 can be sent. */
+			h->discarded += *data_size;
+			*data_size = 0;
+			return h->discarded > 16 * s_o->max_body ? MHD_NO : MHD_YES;
 		}
+		char *b = realloc(h->body, h->len + *data_size + 1);
+		if (!b)
+			return MHD_NO;
+		memcpy(b + h->len, data, *data_size);
+		h->body = b;
+		h->len += *data_size;
+		h->body[h->len] = 0;
 		*data_size = 0;
 		return MHD_YES;
 	}
 	if (h->too_big) {
-		/* Answered before the rest is read; libmicrohttpd then closes the connection. */
-		*data_size = 0;
 		struct kvh_err e;
 		kvh_err_set(&e, 413, "invalid_request_error", NULL, "request_too_large",
 			    "the request body is over %zu bytes", s_o->max_body);
