@@ -163,6 +163,17 @@ fi
 kill "$key_pid" 2>/dev/null
 wait "$key_pid" 2>/dev/null
 
+# SIGTERM ends kvhttp cleanly; an ASan build reports leaks and errors on the way out.
+kill "$http_pid"
+wait "$http_pid"
+rc=$?
+http_pid=
+if [ "$rc" = 0 ] && ! grep -qE 'ERROR: (Address|Leak)Sanitizer|runtime error' "$tmp/http.log"; then
+	ok "kvhttp exits 0 on SIGTERM, no sanitizer report"
+else
+	bad "kvhttp exit $rc or a sanitizer report"
+fi
+
 if [ "$fail" -ne 0 ]; then
 	echo "--- kvhttp log"; tail -n 20 "$tmp/http.log"
 fi
