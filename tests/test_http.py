@@ -220,7 +220,7 @@ def raw_part():
             break
         got += b
     s.close()
-    check("a stream starts with SSE chunks", got.count(b"data: ") >= 3 and b"text/event-stream" in got)
+    check("a stream starts with SSE chunks", got.count(b"data: ") >= 3 and b"text/event-stream" in got, repr(got[:600]))
 
     # 100 concurrent streams, each to its end.
     results = [None] * 100

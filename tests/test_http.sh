@@ -87,6 +87,20 @@ if curl -s "$url/metrics" | grep -q '^vllm:generation_tokens_total [1-9]'; then
 else
 	bad "GET /metrics"
 fi
+# /metrics carries every series kvtop --prometheus prints (the same code, tools/snap.c).
+KVTOP=${KVTOP_BIN:-$(dirname "$KVD")/kvtop}
+if [ -x "$KVTOP" ]; then
+	"$KVTOP" --socket "$tmp/kvd.sock" --prometheus 2>/dev/null | sed -n 's/^# TYPE \([^ ]*\) .*/\1/p' | sort >"$tmp/top.names"
+	curl -s "$url/metrics" | sed -n 's/^# TYPE \([^ ]*\) .*/\1/p' | sort >"$tmp/http.names"
+	missing=$(comm -23 "$tmp/top.names" "$tmp/http.names" | tr '\n' ' ')
+	if [ -s "$tmp/top.names" ] && [ -z "$missing" ] && grep -q '^kvd_daemon_requests_total$' "$tmp/http.names"; then
+		ok "/metrics has all $(wc -l <"$tmp/top.names") series of kvtop --prometheus"
+	else
+		bad "/metrics lacks kvtop's series: $missing"
+	fi
+else
+	skipped "/metrics against kvtop --prometheus: no $KVTOP"
+fi
 code=$(curl -s -o /dev/null -w '%{http_code}' -X DELETE "$url/v1/models")
 [ "$code" = 405 ] && ok "a wrong method: 405" || bad "a wrong method: $code"
 

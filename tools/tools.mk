@@ -22,8 +22,9 @@ $(B)/kvctl: $(B)/tools/turn.o
 
 # kvhttp, the OpenAI-compatible HTTP front: libmicrohttpd and jansson (Debian's), threads.
 KVHTTP_OBJS := $(patsubst %.c,$(B)/%.o,$(wildcard tools/kvhttp/*.c))
-$(B)/kvhttp: $(KVHTTP_OBJS) $(B)/tools/common.o $(B)/libkvclient.a
-	$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(filter %.a,$^) -lmicrohttpd -ljansson -pthread
+# /metrics prints what kvtop --prometheus does (tools/snap.c), so it reads the pinned maps too.
+$(B)/kvhttp: $(KVHTTP_OBJS) $(B)/tools/common.o $(B)/tools/snap.o $(B)/bpf/kvd_pin.o $(B)/libkvclient.a
+	$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(filter %.a,$^) -lmicrohttpd -ljansson -lbpf -lm -pthread
 
 all: $(TOOL_BINS)
 
@@ -45,6 +46,6 @@ ifneq ($(CUDA_SO),)
 endif
 
 # kvtop reads the pinned BPF maps and can load the programs itself (--attach).
-$(B)/kvtop: $(BPF_LIB)
+$(B)/kvtop: $(BPF_LIB) $(B)/tools/snap.o
 $(B)/kvtop: TOOLS_LDLIBS += -lm $(BPF_LIBS)
 $(B)/tools/kvtop.o: $(B)/bpf/kvd.skel.h

@@ -195,7 +195,7 @@ json_t *kvh_err_json(const struct kvh_err *e);
 
 void kvh_metrics_request(unsigned int status);
 void kvh_metrics_tokens(uint32_t prompt, uint32_t completion);
-/* The Prometheus text of /metrics, malloc'ed, in *out; its length or -errno. */
-int kvh_metrics_text(char **out);
+/* The Prometheus text of /metrics for kvd on sock (NULL: the default), malloc'ed, in *out; its length or -errno. */
+int kvh_metrics_text(char **out, const char *sock);
 
 #endif

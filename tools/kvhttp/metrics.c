@@ -1,7 +1,11 @@
-/* metrics.c — GET /metrics: kvhttp's own counters and kvd's STATS as Prometheus text, vLLM's names where they exist. */
+/* metrics.c — GET /metrics: kvhttp's own counters, then what kvtop --prometheus prints, vLLM's names where they exist. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <pthread.h>
+#include <string.h>
+#include "bpf/kvd_pin.h"
+#include "tools/snap.h"
 #include "tools/kvhttp/kvhttp.h"
 
 static unsigned long long m_requests[6];	/* by status class: 1xx..5xx, index 1..5 */
@@ -24,7 +28,41 @@ static void one(FILE *f, const char *name, const char *type, const char *help, u
 	fprintf(f, "# HELP %s %s\n# TYPE %s %s\n%s %llu\n", name, help, name, type, name, v);
 }
 
-int kvh_metrics_text(char **out)
+/* vLLM's names for the figures it shares with kvd, so dashboards built for it work. */
+static void vllm_names(FILE *f, const struct snap *s)
+{
+	__u64 used, cached, total;
+	const char *src;
+	if (snap_pool_figures(s, &used, &cached, &total, &src))
+		fprintf(f, "# HELP vllm:gpu_cache_usage_perc KV cache blocks in use, of the pool (1 = full).\n"
+			   "# TYPE vllm:gpu_cache_usage_perc gauge\nvllm:gpu_cache_usage_perc %g\n",
+			total ? (double)used / (double)total : 0.0);
+	if (s->have_bpf)
+		one(f, "vllm:num_requests_running", "gauge", "Requests submitted to kvd and not completed.",
+		    snap_inflight(s));
+	if (s->have_stats)
+		one(f, "vllm:num_preemptions_total", "counter", "Sequences preempted (daemon STATS).",
+		    s->st.preemptions);
+}
+
+/* What kvtop --socket SOCK --prometheus prints, read the same way (tools/snap.c). */
+static void kvd_part(FILE *f, const char *sock)
+{
+	static struct snap s;	/* 100 kB: not on a connection thread's stack; under the lock */
+	static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+	char def[256], dir[256];
+	pthread_mutex_lock(&mu);
+	memset(&s, 0, sizeof(s));
+	if (!sock && kvc_default_socket(def, sizeof(def)) >= 0)
+		sock = def;
+	s.bpf_err = sock && kvd_pin_dir(dir, sizeof(dir), NULL, sock) >= 0 ? snap_read_bpf(dir, &s) : -ENOENT;
+	s.have_stats = kvh_pool_stats(&s.st, NULL) == 0;
+	snap_prometheus(f, &s);
+	vllm_names(f, &s);
+	pthread_mutex_unlock(&mu);
+}
+
+int kvh_metrics_text(char **out, const char *sock)
 {
 	char *buf = NULL;
 	size_t len = 0;
@@ -40,33 +78,7 @@ int kvh_metrics_text(char **out)
 	    __atomic_load_n(&m_prompt, __ATOMIC_RELAXED));
 	one(f, "vllm:generation_tokens_total", "counter", "Tokens generated for requests kvhttp served.",
 	    __atomic_load_n(&m_completion, __ATOMIC_RELAXED));
-	struct kvd_stats_rep st;
-	struct kvd_hello_rep h;
-	int up = kvh_pool_stats(&st, &h) == 0;
-	one(f, "kvd_up", "gauge", "1 if kvhttp reached kvd's socket.", (unsigned long long)up);
-	if (up) {
-		double use = st.kv_blocks_total ? (double)st.kv_blocks_used / (double)st.kv_blocks_total : 0;
-		fprintf(f, "# HELP vllm:gpu_cache_usage_perc KV cache blocks in use, of the pool (1 = full).\n"
-			   "# TYPE vllm:gpu_cache_usage_perc gauge\nvllm:gpu_cache_usage_perc %g\n", use);
-		fprintf(f, "# HELP kvd_kv_blocks KV cache blocks by state.\n# TYPE kvd_kv_blocks gauge\n"
-			   "kvd_kv_blocks{state=\"in_use\"} %llu\nkvd_kv_blocks{state=\"cached\"} %llu\n"
-			   "kvd_kv_blocks{state=\"free\"} %llu\n", st.kv_blocks_used, st.kv_blocks_cached,
-			st.kv_blocks_total - st.kv_blocks_used - st.kv_blocks_cached);
-		one(f, "kvd_daemon_requests_total", "counter", "Requests completed (daemon STATS).", st.requests);
-		one(f, "kvd_daemon_tokens_prefilled_total", "counter", "Prompt tokens computed (daemon STATS).",
-		    st.tokens_prefilled);
-		one(f, "kvd_daemon_tokens_generated_total", "counter", "Tokens sampled (daemon STATS).",
-		    st.tokens_generated);
-		one(f, "kvd_daemon_prefix_hit_tokens_total", "counter", "Prefix-cache hit tokens (daemon STATS).",
-		    st.prefix_hit_tokens);
-		one(f, "kvd_daemon_prefix_miss_tokens_total", "counter", "Prefix-cache miss tokens (daemon STATS).",
-		    st.prefix_miss_tokens);
-		one(f, "vllm:num_preemptions_total", "counter", "Sequences preempted (daemon STATS).", st.preemptions);
-		one(f, "kvd_daemon_evictions_total", "counter", "Cached blocks reclaimed (daemon STATS).", st.evictions);
-		one(f, "kvd_daemon_steps_total", "counter", "Engine steps (daemon STATS).", st.steps);
-		one(f, "kvd_daemon_connections", "gauge", "Client connections open.", st.connections);
-		one(f, "kvd_daemon_sessions", "gauge", "Sessions open.", st.sessions);
-	}
+	kvd_part(f, sock);
 	if (fclose(f))
 		return -errno;
 	*out = buf;

@@ -115,7 +115,7 @@ static int get_health(struct MHD_Connection *c)
 static int get_metrics(struct MHD_Connection *c)
 {
 	char *s;
-	int n = kvh_metrics_text(&s);
+	int n = kvh_metrics_text(&s, s_o->socket);
 	if (n < 0)
 		return MHD_NO;
 	return reply(c, 200, "text/plain; version=0.0.4", s, (size_t)n);
@@ -280,6 +280,12 @@ static int complete_stream(struct MHD_Connection *c, struct stream *st)
 static int post_completion(struct MHD_Connection *c, struct hctx *h, int chat)
 {
 	struct kvh_err e;
+	/*
+	 * The idle timeout is for clients that stop sending; a generation that
+	 * takes a while between tokens (a loaded machine, a long prefill) must
+	 * not count as idle. completed() restores it for the next request.
+	 */
+	MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
 	struct stream *st = calloc(1, sizeof(*st));
 	if (!st)
 		return MHD_NO;
@@ -387,7 +393,8 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
 
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode t)
 {
-	(void)cls, (void)c, (void)t;
+	(void)cls, (void)t;
+	MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, s_o->timeout_s);
 	struct hctx *h = *con_cls;
 	if (h) {
 		free(h->body);
