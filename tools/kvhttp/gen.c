@@ -170,7 +170,7 @@ static int decode(struct kvh_gen *g, struct kvh_err *e)
 		struct kvd_sqe sqe;
 		kvc_prep_decode(&sqe, g->lease.session_id, g->lease.slot[i],
 				kvh_lease_ud(&g->lease, i, KVH_UD_DECODE), out_off(g, i), g->max_tokens);
-		sqe.flags = KVD_SQE_STREAM;
+		sqe.flags = KVD_SQE_STREAM | (r->ignore_eos ? KVD_SQE_IGNORE_EOS : 0);
 		s.seed = seed + i;
 		if (kvc_prep_sampling(&sqe, &s)) {
 			kvh_err_set(e, 400, "invalid_request_error", "temperature", NULL, "sampling out of range");

@@ -93,6 +93,7 @@ struct kvh_req {
 	int		stream;
 	int		include_usage;
 	int		echo;
+	int		ignore_eos;	/* vLLM's extension: exactly max_tokens (benchmarks) */
 	uint32_t	n;
 	int64_t		max_tokens;	/* -1: up to the context */
 	double		temperature;

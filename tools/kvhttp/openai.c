@@ -139,6 +139,8 @@ static int parse_common(struct kvh_req *r, json_t *root, struct kvh_err *e)
 	if (!rc)
 		rc = get_int(root, "seed", INT64_MIN, INT64_MAX, &seed, e);
 	if (!rc)
+		rc = get_bool(root, "ignore_eos", &r->ignore_eos, e);
+	if (!rc)
 		rc = parse_stop(r, root, e);
 	if (rc)
 		return rc;
