@@ -188,6 +188,25 @@ else
 	bad "kvhttp exit $rc or a sanitizer report"
 fi
 
+# ---- a listening socket from systemd (LISTEN_FDS), as kvhttp.socket passes it ----
+if have systemd-socket-activate; then
+	port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+	systemd-socket-activate -l "127.0.0.1:$port" "$KVHTTP" --socket "$tmp/kvd.sock" >"$tmp/sd.log" 2>&1 &
+	sd_pid=$!
+	i=0
+	until code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/health") && [ "$code" = 200 ] ||
+		[ $i -ge 600 ] || ! kill -0 "$sd_pid" 2>/dev/null; do
+		sleep 0.5
+		i=$((i + 1))
+	done
+	[ "$code" = 200 ] && grep -q "serving on 127.0.0.1:$port" "$tmp/sd.log" &&
+		ok "a socket passed by systemd (LISTEN_FDS) is served" || bad "socket activation: $code $(cat "$tmp/sd.log")"
+	kill "$sd_pid" 2>/dev/null
+	wait "$sd_pid" 2>/dev/null
+else
+	skipped "socket activation: systemd-socket-activate is not installed"
+fi
+
 if [ "$fail" -ne 0 ]; then
 	echo "--- kvhttp log"; tail -n 20 "$tmp/http.log"
 fi
