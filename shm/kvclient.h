@@ -236,6 +236,25 @@ static inline void kvc_prep_decode(struct kvd_sqe *sqe, uint32_t session_id, uin
 	sqe->max_tokens = max_tokens;
 }
 
+/*
+ * A whole conversation (KVD_FEAT_MESSAGES): msgs_len bytes of a message
+ * list (kvc_messages_encode()) at arena offset msgs_off, rendered with the
+ * model's chat template; add KVD_SQE_NO_GEN_PROMPT to leave out the
+ * assistant's opening, KVD_SQE_APPEND for the next turns of slot's
+ * conversation. max_tokens 0 makes it a PREFILL.
+ */
+static inline void kvc_prep_messages(struct kvd_sqe *sqe, uint32_t session_id, uint32_t slot,
+				     uint64_t user_data, uint32_t msgs_off, uint32_t msgs_len,
+				     uint32_t out_off, uint32_t max_tokens)
+{
+	if (max_tokens)
+		kvc_prep_generate(sqe, session_id, slot, user_data, msgs_off, msgs_len, out_off,
+				  max_tokens);
+	else
+		kvc_prep_prefill(sqe, session_id, slot, user_data, msgs_off, msgs_len);
+	sqe->flags |= KVD_SQE_TEXT | KVD_SQE_CHAT | KVD_SQE_MESSAGES;
+}
+
 /* Cancel the request of this connection whose user_data is target. */
 static inline void kvc_prep_cancel(struct kvd_sqe *sqe, uint32_t session_id, uint64_t user_data,
 				   uint64_t target)
@@ -284,6 +303,24 @@ static inline int kvc_prep_sampling(struct kvd_sqe *sqe, const struct kvc_sampli
 	sqe->seed = s->seed;
 	return 0;
 }
+
+/* One message of a conversation for kvc_messages_encode(). */
+struct kvc_message {
+	uint8_t		role;		/* KVD_ROLE_SYSTEM, _USER, _ASSISTANT */
+	const char	*text;		/* len bytes of UTF-8, no NUL; NULL only with len 0 */
+	size_t		len;
+};
+
+/*
+ * Lay out n messages as a KVD_SQE_MESSAGES list (uapi/kvd.h, "Message
+ * lists") in out, cap bytes (out NULL and cap 0 to count). Returns the
+ * bytes the list takes, written only when they all fit (else nothing is
+ * written: call again with room for the count); -EINVAL for no message,
+ * more than KVD_CHAT_MAX_MSGS, an unknown role or NULL text with a length;
+ * -E2BIG for a list over INT_MAX bytes. The content is not checked here
+ * (UTF-8, NUL): the daemon refuses such a list with -EINVAL.
+ */
+int kvc_messages_encode(const struct kvc_message *msgs, size_t n, void *out, size_t cap);
 
 /* ---------------------------------------------------------------------- */
 /* Text, from the vocabulary the daemon maps for us (KVD_FEAT_VOCAB).     */

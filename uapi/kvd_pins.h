@@ -138,6 +138,11 @@ KVD_PIN(struct kvd_sqe, system_off, 64);
 KVD_PIN(struct kvd_sqe, system_len, 68);
 KVD_PIN(struct kvd_sqe, resv, 72);
 
+KVD_PIN_SIZE(struct kvd_chat_msg, 8);
+KVD_PIN(struct kvd_chat_msg, role, 0);
+KVD_PIN(struct kvd_chat_msg, resv, 1);
+KVD_PIN(struct kvd_chat_msg, len, 4);
+
 KVD_PIN_SIZE(struct kvd_cqe, 32);
 KVD_PIN(struct kvd_cqe, user_data, 0);
 KVD_PIN(struct kvd_cqe, res, 8);

@@ -11,6 +11,7 @@
 #include "daemon/probes.h"
 #include "daemon/engine/sampler.h"
 #include "daemon/serve/admit.h"
+#include "daemon/serve/msglist.h"
 #include "daemon/serve/server.h"
 #include "daemon/tokenizer/tokenizer.h"
 #include "uapi/kvd_pins.h"
@@ -30,7 +31,7 @@ int validate_sqe_op(const struct kvd_sqe *q)
 		return -EINVAL;
 	/* How a prompt is read means nothing to an op without one: refused, so it can mean something later. */
 	const uint32_t prompt_flags = KVD_SQE_TEXT | KVD_SQE_CHAT | KVD_SQE_PLAIN | KVD_SQE_SPECIAL |
-				      KVD_SQE_PROGRESS;
+				      KVD_SQE_PROGRESS | KVD_SQE_MESSAGES | KVD_SQE_NO_GEN_PROMPT;
 	int has_prompt = q->opcode == KVD_OP_PREFILL || q->opcode == KVD_OP_GENERATE;
 	if (!has_prompt && ((q->flags & prompt_flags) || q->system_off || q->system_len))
 		return -EINVAL;
@@ -40,12 +41,18 @@ int validate_sqe_op(const struct kvd_sqe *q)
 /*
  * How a prompt is read: PLAIN and SPECIAL only with TEXT and not together,
  * PROGRESS and a system message only with a prompt, the system message only
- * with CHAT and inside the arena. 0, -EINVAL or -EFAULT.
+ * with CHAT and inside the arena, MESSAGES only with CHAT and without a
+ * system message (it goes in the list), NO_GEN_PROMPT only with MESSAGES
+ * and without APPEND. 0, -EINVAL or -EFAULT.
  */
 static int validate_text(const struct kvd_sqe *q, uint32_t arena_bytes, int has_prompt)
 {
 	uint32_t f = q->flags;
 	if ((f & (KVD_SQE_PLAIN | KVD_SQE_SPECIAL)) && !(f & KVD_SQE_TEXT))
+		return -EINVAL;
+	if ((f & KVD_SQE_MESSAGES) && (!(f & KVD_SQE_CHAT) || q->system_len || q->system_off))
+		return -EINVAL;
+	if ((f & KVD_SQE_NO_GEN_PROMPT) && (!(f & KVD_SQE_MESSAGES) || (f & KVD_SQE_APPEND)))
 		return -EINVAL;
 	if ((f & KVD_SQE_PLAIN) && (f & KVD_SQE_SPECIAL))
 		return -EINVAL;
@@ -108,13 +115,14 @@ static int read_text(const struct conn *c, uint32_t off, uint32_t len, char **ou
  * SPECIAL.
  */
 static int encode_text(const struct tokenizer *tok, const struct kvd_sqe *q, const char *text,
-		       const char *sys, uint32_t **out, uint32_t *n)
+		       const char *sys, const struct msglist *ml, uint32_t **out, uint32_t *n)
 {
 	const struct chat_msg m[2] = { { "system", sys }, { "user", text } };
-	const struct chat_msg *msgs = sys ? m : m + 1;
-	size_t n_msgs = sys ? 2 : 1;
+	const struct chat_msg *msgs = ml ? ml->msgs : sys ? m : m + 1;
+	size_t n_msgs = ml ? ml->n : sys ? 2 : 1;
 	unsigned flags = (q->flags & KVD_SQE_APPEND ? TOK_CHAT_NEXT_TURN : 0) |
-			 (q->flags & KVD_SQE_SPECIAL ? TOK_CHAT_SPECIAL : 0);
+			 (q->flags & KVD_SQE_SPECIAL ? TOK_CHAT_SPECIAL : 0) |
+			 (q->flags & KVD_SQE_NO_GEN_PROMPT ? TOK_CHAT_NO_GEN_PROMPT : 0);
 	int chat = (q->flags & KVD_SQE_CHAT) != 0, parse = !(q->flags & KVD_SQE_PLAIN);
 	int add_bos = !(q->flags & KVD_SQE_APPEND) && tokenizer_add_bos(tok);
 	size_t len = q->n_tokens;
@@ -137,16 +145,18 @@ static int encode_text(const struct tokenizer *tok, const struct kvd_sqe *q, con
 	return 0;
 }
 
-/* Text prompts are tokenized here, once. */
+/* Text prompts are tokenized here, once; a message list (ml) was read and checked already. */
 static int text_prompt(struct server *srv, struct conn *c, const struct kvd_sqe *q,
-		       uint32_t **out, uint32_t *n)
+		       const struct msglist *ml, uint32_t **out, uint32_t *n)
 {
 	char *text = NULL, *sys = NULL;
+	if (ml)
+		return encode_text(srv->tok, q, NULL, NULL, ml, out, n);
 	int rc = read_text(c, q->tokens_off, q->n_tokens, &text);
 	if (!rc && q->system_len)
 		rc = read_text(c, q->system_off, q->system_len, &sys);
 	if (!rc)
-		rc = encode_text(srv->tok, q, text, sys, out, n);
+		rc = encode_text(srv->tok, q, text, sys, NULL, out, n);
 	free(text);
 	free(sys);
 	return rc;
@@ -194,6 +204,7 @@ struct taken {
 	int smp_rc;		/* the sampler */
 	uint32_t *prompt;	/* (n_prompt,) */
 	uint32_t n_prompt;
+	struct msglist ml;	/* KVD_SQE_MESSAGES: the list, checked */
 	struct sampler *smp;
 	uint32_t need;		/* -E2BIG: positions it needs, the CQE's aux */
 };
@@ -215,7 +226,8 @@ static int read_prompt(struct server *srv, struct conn *c, struct taken *t)
 {
 	const struct kvd_sqe *q = &t->q;
 	if (q->flags & KVD_SQE_TEXT) {
-		int rc = text_prompt(srv, c, q, &t->prompt, &t->n_prompt);
+		int rc = text_prompt(srv, c, q, q->flags & KVD_SQE_MESSAGES ? &t->ml : NULL, &t->prompt,
+				     &t->n_prompt);
 		if (rc)
 			return rc;
 	} else {
@@ -250,6 +262,18 @@ static uint32_t clamp_u32(uint64_t x)
 	return x > UINT32_MAX ? UINT32_MAX : (uint32_t)x;
 }
 
+/* A message list copied out of the arena once (validate_sqe() placed it inside), then checked. */
+static int read_msglist(const struct conn *c, const struct kvd_sqe *q, struct msglist *ml)
+{
+	uint8_t *buf = malloc(q->n_tokens);
+	if (!buf)
+		return -ENOMEM;
+	region_read(&c->rg, q->tokens_off, buf, q->n_tokens);
+	int rc = msglist_parse(buf, q->n_tokens, ml);
+	free(buf);
+	return rc;
+}
+
 /* Without the lock: only the engine thread reads this ring and arena. max_tokens: the limit now. */
 static void prepare(struct server *srv, struct conn *c, struct taken *t, uint32_t max_tokens)
 {
@@ -262,8 +286,14 @@ static void prepare(struct server *srv, struct conn *c, struct taken *t, uint32_
 		return;
 	uint32_t max_out = has_out(q) ? q->max_tokens : 0;
 	/* The system message counts: it is tokenized too. */
-	uint64_t least = text_min_positions((uint64_t)q->n_tokens + q->system_len, max_out,
-					    srv->max_token_bytes);
+	uint64_t text_bytes = (uint64_t)q->n_tokens + q->system_len;
+	if (q->flags & KVD_SQE_MESSAGES) {
+		t->prep_rc = read_msglist(c, q, &t->ml);
+		if (t->prep_rc)
+			return;
+		text_bytes = t->ml.content_bytes;	/* the records' headers are not tokenized */
+	}
+	uint64_t least = text_min_positions(text_bytes, max_out, srv->max_token_bytes);
 	if (has_prompt(q) && (q->flags & KVD_SQE_TEXT) && least > max_tokens) {
 		t->prep_rc = -E2BIG;
 		t->need = clamp_u32(least);
@@ -275,6 +305,7 @@ static void prepare(struct server *srv, struct conn *c, struct taken *t, uint32_
 
 static void taken_free(struct taken *t)
 {
+	msglist_free(&t->ml);
 	sampler_destroy(t->smp);
 	free(t->prompt);
 	memset(t, 0, sizeof(*t));
