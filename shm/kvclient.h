@@ -255,6 +255,41 @@ static inline void kvc_prep_messages(struct kvd_sqe *sqe, uint32_t session_id, u
 	sqe->flags |= KVD_SQE_TEXT | KVD_SQE_CHAT | KVD_SQE_MESSAGES;
 }
 
+/*
+ * Log-probabilities (KVD_FEAT_LOGPROBS) for a DECODE or GENERATE: for each
+ * sampled token, 1 + top kvd_logprob records at arena offset off (4-aligned,
+ * room for kvc_logprobs_bytes(max_tokens, top)): the token's own, then the
+ * top (<= KVD_MAX_TOP_LOGPROBS) most likely. Raw distribution, before
+ * temperature and penalties (uapi/kvd.h, "Log-probabilities").
+ */
+static inline void kvc_prep_logprobs(struct kvd_sqe *sqe, uint32_t off, uint8_t top)
+{
+	sqe->flags |= KVD_SQE_LOGPROBS;
+	sqe->logprobs_off = off;
+	sqe->top_logprobs = top;
+}
+
+static inline uint32_t kvc_logprobs_bytes(uint32_t max_tokens, uint32_t top)
+{
+	return max_tokens * (uint32_t)sizeof(struct kvd_logprob) * (1 + top);
+}
+
+/* The records of sampled token i (0-based) of the request sqe describes, in arena. */
+static inline const struct kvd_logprob *kvc_logprobs_at(const uint8_t *arena, const struct kvd_sqe *sqe,
+							 uint32_t i)
+{
+	return (const struct kvd_logprob *)(arena + sqe->logprobs_off) + (size_t)i * (1u + sqe->top_logprobs);
+}
+
+/* A record's log-probability as a float (the ABI carries its bits). */
+static inline float kvc_logprob_value(const struct kvd_logprob *lp)
+{
+	float f;
+
+	memcpy(&f, &lp->logprob, sizeof(f));
+	return f;
+}
+
 /* Cancel the request of this connection whose user_data is target. */
 static inline void kvc_prep_cancel(struct kvd_sqe *sqe, uint32_t session_id, uint64_t user_data,
 				   uint64_t target)

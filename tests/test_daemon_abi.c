@@ -1,4 +1,4 @@
-/* test_daemon_abi.c — a real kvd serving the prompt ABI: plain text and special tokens, system messages, message lists, prefill progress, the shutdown mark, -E2BIG's positions. */
+/* test_daemon_abi.c — a real kvd serving the prompt ABI: plain text and special tokens, system messages, message lists, log-probabilities, prefill progress, the shutdown mark, -E2BIG's positions. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -6,6 +6,7 @@
 #include <cmocka.h>
 
 #include <errno.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -702,6 +703,117 @@ static void test_msglist_parse(void **state)
 	assert_int_equal(kvc_messages_encode(&bad, 1, NULL, 0), -EINVAL);
 }
 
+/* ---- 6. log-probabilities ---- */
+
+#define LP_OFF	32768	/* arena byte offset of the records */
+#define LP_TOP	5
+#define LP_MAX	8
+
+/* A GENERATE of text on slot with LP_TOP alternatives per token, records at lp_off. */
+static struct kvd_sqe lp_generate(struct wire *r, uint64_t ud, uint32_t slot, uint32_t lp_off)
+{
+	static const char text[] = "The capital of France is";
+	struct kvd_sqe q;
+	put_text(r, TEXT_OFF, text);
+	kvc_prep_generate(&q, r->session, slot, ud, TEXT_OFF, sizeof(text) - 1, OUT_OFF + 256 * slot, LP_MAX);
+	q.flags |= KVD_SQE_TEXT | KVD_SQE_IGNORE_EOS;
+	kvc_prep_logprobs(&q, lp_off, LP_TOP);
+	return q;
+}
+
+/* The records of q's n tokens: sampled first, then the top most likely first, all <= 0. */
+static void check_records(struct wire *r, const struct kvd_sqe *q, uint32_t n, int greedy)
+{
+	const uint32_t *out = (const uint32_t *)(r->arena + q->out_off);
+	for (uint32_t i = 0; i < n; i++) {
+		const struct kvd_logprob *lp = kvc_logprobs_at(r->arena, q, i);
+		assert_int_equal(lp[0].token, out[i]);
+		double mass = 0.0;
+		for (uint32_t j = 1; j <= LP_TOP; j++) {
+			float v = kvc_logprob_value(&lp[j]);
+			assert_true(v <= 0.0f && isfinite(v));
+			if (j > 1)
+				assert_true(v <= kvc_logprob_value(&lp[j - 1]));
+			if (lp[j].token == lp[0].token)
+				assert_true(kvc_logprob_value(&lp[0]) == v);
+			mass += exp(v);
+		}
+		assert_true(mass <= 1.0 + 1e-5);
+		assert_true(kvc_logprob_value(&lp[0]) <= kvc_logprob_value(&lp[1]));
+		if (greedy)
+			assert_int_equal(lp[0].token, lp[1].token);
+	}
+}
+
+/* Records for every token, the same alone or batched with others (they depend on the row alone). */
+static void test_logprobs_records(void **state)
+{
+	(void)state;
+	need_daemon();
+	struct wire r;
+	assert_int_equal(wire_open(&r, D.sock, 0, 0), 0);
+	assert_true(r.hello.features & KVD_FEAT_LOGPROBS);
+	uint32_t bytes = kvc_logprobs_bytes(LP_MAX, LP_TOP);
+	assert_true(LP_OFF + 5 * bytes <= r.arena_bytes);
+	struct kvd_sqe alone = lp_generate(&r, 1, 0, LP_OFF);
+	assert_int_equal(run(&r, &alone, NULL), LP_MAX);
+	check_records(&r, &alone, LP_MAX, 1);
+
+	/* The same request with four others in flight: sampled ones with penalties. */
+	struct kvd_sqe q[5];
+	for (uint32_t i = 0; i < 5; i++) {
+		q[i] = lp_generate(&r, 10 + i, 1 + i, LP_OFF + (1 + i) * bytes);
+		if (i) {
+			q[i].temperature_milli = 900;
+			q[i].seed = i;
+			q[i].repeat_penalty_milli = 3000;
+		}
+		assert_int_equal(wire_submit(&r, &q[i]), 0);
+	}
+	for (uint32_t i = 0; i < 5; i++) {
+		struct kvd_cqe c;
+		assert_int_equal(wire_finish(&r, q[i].user_data, &c, WAIT_MS), 0);
+		assert_int_equal(c.res, LP_MAX);
+		check_records(&r, &q[i], LP_MAX, i == 0);
+	}
+	assert_memory_equal(r.arena + LP_OFF, r.arena + LP_OFF + bytes, bytes);
+	/* The first token's distribution is the prompt's, whatever the sampling: raw, before penalties. */
+	for (uint32_t i = 1; i < 5; i++)
+		assert_memory_equal(kvc_logprobs_at(r.arena, &alone, 0) + 1, kvc_logprobs_at(r.arena, &q[i], 0) + 1,
+				    LP_TOP * sizeof(struct kvd_logprob));
+	wire_close(&r);
+}
+
+/* Malformed log-probability fields fail alone. */
+static void test_logprobs_invalid(void **state)
+{
+	(void)state;
+	need_daemon();
+	struct wire r;
+	assert_int_equal(wire_open(&r, D.sock, 0, 0), 0);
+	struct kvd_sqe q = lp_generate(&r, 1, 0, LP_OFF);
+	q.top_logprobs = KVD_MAX_TOP_LOGPROBS + 1;
+	assert_int_equal(run(&r, &q, NULL), -EINVAL);
+	q = lp_generate(&r, 2, 0, LP_OFF + 2);
+	assert_int_equal(run(&r, &q, NULL), -EFAULT);
+	q = lp_generate(&r, 3, 0, r.arena_bytes - 8);
+	assert_int_equal(run(&r, &q, NULL), -EFAULT);
+	q = lp_generate(&r, 4, 0, LP_OFF);
+	q.flags &= (uint16_t)~KVD_SQE_LOGPROBS;
+	assert_int_equal(run(&r, &q, NULL), -EINVAL);
+	q = lp_generate(&r, 5, 0, LP_OFF);
+	q.resv1 = 1;
+	assert_int_equal(run(&r, &q, NULL), -EINVAL);
+	kvc_prep_prefill(&q, r.session, 0, 6, TEXT_OFF, 4);
+	q.flags |= KVD_SQE_TEXT;
+	kvc_prep_logprobs(&q, LP_OFF, 0);
+	assert_int_equal(run(&r, &q, NULL), -EINVAL);
+	q = lp_generate(&r, 7, 0, LP_OFF);
+	q.top_logprobs = KVD_MAX_TOP_LOGPROBS;
+	assert_int_equal(run(&r, &q, NULL), LP_MAX);
+	wire_close(&r);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -718,6 +830,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_messages_hostile, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_messages_template_raises, setup_llama2, teardown),
 		cmocka_unit_test(test_msglist_parse),
+		cmocka_unit_test_setup_teardown(test_logprobs_records, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_logprobs_invalid, setup, teardown),
 	};
 	const char *filter = getenv("KVD_TEST_FILTER");
 	if (filter && *filter)

@@ -73,7 +73,8 @@
 #define KVD_FEAT_SYSTEM        (1U << 8) /* CHAT prompts may carry a system message */
 #define KVD_FEAT_PROGRESS      (1U << 9) /* KVD_SQE_PROGRESS: prefill progress CQEs */
 #define KVD_FEAT_MESSAGES      (1U << 10) /* KVD_SQE_MESSAGES: a whole conversation as a chat prompt */
-#define KVD_FEAT_ALL           ((1U << 11) - 1)
+#define KVD_FEAT_LOGPROBS      (1U << 11) /* KVD_SQE_LOGPROBS: per-token log-probabilities */
+#define KVD_FEAT_ALL           ((1U << 12) - 1)
 
 /* ------------------------------------------------------------------------ */
 /* Control messages: one per SOCK_SEQPACKET datagram, requests and replies. */
@@ -336,6 +337,18 @@ struct kvd_ring_hdr {
  * conversation, as for CHAT (NO_GEN_PROMPT with APPEND: -EINVAL). A
  * system message (system_len) with MESSAGES is -EINVAL: it goes in the list.
  *
+ * Log-probabilities (KVD_SQE_LOGPROBS, DECODE/GENERATE only, else -EINVAL):
+ * for sampled token i, the daemon writes 1 + top_logprobs struct
+ * kvd_logprob at logprobs_off + i * 8 * (1 + top_logprobs) before the CQE
+ * that reports the token: first the sampled token itself, then the
+ * top_logprobs (0..KVD_MAX_TOP_LOGPROBS, else -EINVAL) most likely tokens,
+ * most likely first (equal ones lower id first). They are the model's raw
+ * next-token distribution, log-softmax of the logits, before any penalty,
+ * temperature or filter (what OpenAI and vLLM report by default), so they
+ * depend on that row's logits alone, whatever shares the step. The whole
+ * area (max_tokens records) must lie in the arena, 4-byte aligned
+ * (-EFAULT). Without LOGPROBS, logprobs_off and top_logprobs must be 0.
+ *
  * Sampling: temperature_milli 0 is greedy; top_k 0, top_p_e4 0 or 10000,
  * min_p_e4 0, repeat_penalty_milli 0 or 1000 are off; repeat_last_n 0
  * means 64. The same seed and inputs give the same tokens, alone or
@@ -383,7 +396,9 @@ enum kvd_op {
 					   * "Message lists" above */
 #define KVD_SQE_NO_GEN_PROMPT	(1U << 9) /* with MESSAGES, without APPEND: no assistant opening after
 					   * the last message (add_generation_prompt false) */
-#define KVD_SQE_FLAGS_ALL	((1U << 10) - 1)
+#define KVD_SQE_LOGPROBS	(1U << 10) /* DECODE/GENERATE: a struct kvd_logprob record per sampled
+					   * token at logprobs_off; see "Log-probabilities" above */
+#define KVD_SQE_FLAGS_ALL	((1U << 11) - 1)
 
 /* kvd_sqe.priority */
 #define KVD_PRIO_INTERACTIVE	0
@@ -421,7 +436,12 @@ struct kvd_sqe {
 				 * APPEND (mid-conversation), plain text unless SPECIAL.
 				 * Nonzero without CHAT or on an opcode without a prompt:
 				 * -EINVAL; outside the arena: -EFAULT */
-	__u64	resv[7];	/* zero */
+	__u32	logprobs_off;	/* LOGPROBS: arena byte offset of the kvd_logprob records, 4-aligned */
+	__u8	top_logprobs;	/* LOGPROBS: alternatives per token, <= KVD_MAX_TOP_LOGPROBS */
+	__u8	resv1;		/* zero */
+	__u16	resv2[3];	/* zero */
+	__u32	resv3;		/* zero */
+	__u64	resv[5];	/* zero */
 };
 
 /* One message of a KVD_SQE_MESSAGES list: this header, then len bytes of UTF-8. */
@@ -439,6 +459,18 @@ enum kvd_role {
 };
 
 #define KVD_CHAT_MAX_MSGS	4096	/* records in one message list */
+
+/*
+ * One log-probability (KVD_SQE_LOGPROBS): logprob holds the bit pattern of
+ * an IEEE 754 binary32 (memcpy it into a float), natural log, <= 0; -inf
+ * for a token the model gives no probability.
+ */
+struct kvd_logprob {
+	__u32	token;
+	__u32	logprob;
+};
+
+#define KVD_MAX_TOP_LOGPROBS	20
 
 /* kvd_cqe.flags */
 #define KVD_CQE_MORE		(1U << 0) /* more CQEs of this request follow */

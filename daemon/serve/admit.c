@@ -27,7 +27,8 @@ int validate_sqe_op(const struct kvd_sqe *q)
 {
 	static const __u64 resv_zero[sizeof(q->resv) / sizeof(q->resv[0])];
 	if (q->opcode >= KVD_OP_LAST || (q->flags & ~KVD_SQE_FLAGS_ALL) ||
-	    q->priority > KVD_PRIO_BACKGROUND || memcmp(q->resv, resv_zero, sizeof(q->resv)))
+	    q->priority > KVD_PRIO_BACKGROUND || memcmp(q->resv, resv_zero, sizeof(q->resv)) ||
+	    q->resv1 || q->resv2[0] || q->resv2[1] || q->resv2[2] || q->resv3)
 		return -EINVAL;
 	/* How a prompt is read means nothing to an op without one: refused, so it can mean something later. */
 	const uint32_t prompt_flags = KVD_SQE_TEXT | KVD_SQE_CHAT | KVD_SQE_PLAIN | KVD_SQE_SPECIAL |
@@ -65,6 +66,21 @@ static int validate_text(const struct kvd_sqe *q, uint32_t arena_bytes, int has_
 	return range_ok(arena_bytes, q->system_off, q->system_len, 1) ? 0 : -EFAULT;
 }
 
+/*
+ * LOGPROBS only where tokens are sampled, at most KVD_MAX_TOP_LOGPROBS
+ * alternatives, its records (max_tokens of them) inside the arena;
+ * without it, its fields zero. 0, -EINVAL or -EFAULT.
+ */
+static int validate_logprobs(const struct kvd_sqe *q, uint32_t arena_bytes, int has_out)
+{
+	if (!(q->flags & KVD_SQE_LOGPROBS))
+		return q->logprobs_off || q->top_logprobs ? -EINVAL : 0;
+	if (!has_out || q->top_logprobs > KVD_MAX_TOP_LOGPROBS || !q->max_tokens)
+		return -EINVAL;
+	uint64_t bytes = (uint64_t)q->max_tokens * sizeof(struct kvd_logprob) * (1u + q->top_logprobs);
+	return range_ok(arena_bytes, q->logprobs_off, bytes, 4) ? 0 : -EFAULT;
+}
+
 int validate_sqe(const struct kvd_sqe *q, uint32_t arena_bytes)
 {
 	if (q->target_user_data)
@@ -81,6 +97,9 @@ int validate_sqe(const struct kvd_sqe *q, uint32_t arena_bytes)
 		return rc;
 	if (q->top_p_e4 > 10000 || q->min_p_e4 > 10000)
 		return -EINVAL;
+	rc = validate_logprobs(q, arena_bytes, has_out);
+	if (rc)
+		return rc;
 	if (has_prompt && q->n_tokens == 0)
 		return -EINVAL;
 	if (has_prompt && !range_ok(arena_bytes, q->tokens_off, text ? q->n_tokens : 4ull * q->n_tokens,
@@ -173,6 +192,9 @@ static int sampler_from_sqe(const struct kvd_sqe *q, uint32_t vocab, struct samp
 	p.repeat_penalty = q->repeat_penalty_milli ? (float)q->repeat_penalty_milli / 1000.0f : 1.0f;
 	p.repeat_last_n = q->repeat_last_n ? q->repeat_last_n : 64;
 	p.seed = q->seed;
+	_Static_assert(SAMPLER_MAX_TOP == KVD_MAX_TOP_LOGPROBS, "the sampler keeps what the ABI asks");
+	p.logprobs = (q->flags & KVD_SQE_LOGPROBS) != 0;
+	p.top_logprobs = q->top_logprobs;
 	return sampler_create(out, &p, vocab);
 }
 
