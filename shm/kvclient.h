@@ -290,6 +290,20 @@ static inline float kvc_logprob_value(const struct kvd_logprob *lp)
 	return f;
 }
 
+/*
+ * OpenAI's presence and frequency penalties (KVD_FEAT_PENALTIES), each in
+ * [-2, 2], over the tokens the request generates: logit -= presence *
+ * (count > 0) + frequency * count. Returns 0 or -EINVAL (out of range, NaN).
+ */
+static inline int kvc_prep_penalties(struct kvd_sqe *sqe, float presence, float frequency)
+{
+	if (!(presence >= -2.0f && presence <= 2.0f) || !(frequency >= -2.0f && frequency <= 2.0f))
+		return -EINVAL;
+	sqe->presence_milli = (__s16)(presence * 1000.0f + (presence < 0 ? -0.5f : 0.5f));
+	sqe->frequency_milli = (__s16)(frequency * 1000.0f + (frequency < 0 ? -0.5f : 0.5f));
+	return 0;
+}
+
 /* Cancel the request of this connection whose user_data is target. */
 static inline void kvc_prep_cancel(struct kvd_sqe *sqe, uint32_t session_id, uint64_t user_data,
 				   uint64_t target)

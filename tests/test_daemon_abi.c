@@ -1,4 +1,4 @@
-/* test_daemon_abi.c — a real kvd serving the prompt ABI: plain text and special tokens, system messages, message lists, log-probabilities, prefill progress, the shutdown mark, -E2BIG's positions. */
+/* test_daemon_abi.c — a real kvd serving the prompt ABI: plain text and special tokens, system messages, message lists, log-probabilities, penalties, prefill progress, the shutdown mark, -E2BIG's positions. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -814,6 +814,61 @@ static void test_logprobs_invalid(void **state)
 	wire_close(&r);
 }
 
+/* ---- 7. presence and frequency penalties ---- */
+
+#define PEN_MAX 16
+
+static struct kvd_sqe pen_generate(struct wire *r, uint64_t ud, uint32_t slot, float presence, float frequency)
+{
+	static const char text[] = "the the the the the the the the the the";
+	struct kvd_sqe q;
+	put_text(r, TEXT_OFF, text);
+	kvc_prep_generate(&q, r->session, slot, ud, TEXT_OFF, sizeof(text) - 1, OUT_OFF + 256 * slot, PEN_MAX);
+	q.flags |= KVD_SQE_TEXT | KVD_SQE_IGNORE_EOS;
+	assert_int_equal(kvc_prep_penalties(&q, presence, frequency), 0);
+	return q;
+}
+
+/* Penalties over the output only: the first token is the same, what follows is not. */
+static void test_penalties(void **state)
+{
+	(void)state;
+	need_daemon();
+	struct wire r;
+	assert_int_equal(wire_open(&r, D.sock, 0, 0), 0);
+	assert_true(r.hello.features & KVD_FEAT_PENALTIES);
+	struct kvd_sqe plain = pen_generate(&r, 1, 0, 0.0f, 0.0f);
+	struct kvd_sqe pen = pen_generate(&r, 2, 1, 2.0f, 2.0f);
+	assert_int_equal(pen.presence_milli, 2000);
+	assert_int_equal(run(&r, &plain, NULL), PEN_MAX);
+	assert_int_equal(run(&r, &pen, NULL), PEN_MAX);
+	const uint32_t *a = (const uint32_t *)(r.arena + plain.out_off);
+	const uint32_t *b = (const uint32_t *)(r.arena + pen.out_off);
+	assert_int_equal(a[0], b[0]);	/* the prompt's repeats count for nothing */
+	if (!memcmp(a, b, PEN_MAX * sizeof(*a)))
+		fail_msg("presence and frequency 2 changed none of %d greedy tokens", PEN_MAX);
+	/* Penalised, no token comes back more than a few times: each repeat costs 2 more. */
+	for (uint32_t i = 0; i < PEN_MAX; i++) {
+		int n = 0;
+		for (uint32_t j = 0; j < PEN_MAX; j++)
+			n += b[j] == b[i];
+		assert_true(n < PEN_MAX / 2);
+	}
+
+	/* Out of range, and the reserved half-word. */
+	struct kvd_sqe q = pen_generate(&r, 3, 0, 0.0f, 0.0f);
+	q.presence_milli = 2001;
+	assert_int_equal(run(&r, &q, NULL), -EINVAL);
+	q = pen_generate(&r, 4, 0, 0.0f, 0.0f);
+	q.frequency_milli = -2001;
+	assert_int_equal(run(&r, &q, NULL), -EINVAL);
+	q = pen_generate(&r, 5, 0, 0.0f, 0.0f);
+	q.resv2 = 1;
+	assert_int_equal(run(&r, &q, NULL), -EINVAL);
+	assert_int_equal(kvc_prep_penalties(&q, 2.5f, 0.0f), -EINVAL);
+	wire_close(&r);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -832,6 +887,7 @@ int main(void)
 		cmocka_unit_test(test_msglist_parse),
 		cmocka_unit_test_setup_teardown(test_logprobs_records, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_logprobs_invalid, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_penalties, setup, teardown),
 	};
 	const char *filter = getenv("KVD_TEST_FILTER");
 	if (filter && *filter)

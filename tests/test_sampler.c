@@ -601,6 +601,71 @@ static void test_logprobs_raw(void **state)
 	assert_int_equal(sampler_create(&s, &p, n), -EINVAL);
 }
 
+/* ---- OpenAI's presence and frequency penalties ---- */
+
+/* n greedy picks from a fresh copy of row each time, with the sampler's own history only. */
+static void picks(struct sampler *s, const float *row, uint32_t vocab, const uint32_t *hist,
+		  size_t n_hist, uint32_t *out, unsigned n)
+{
+	float l[16];
+
+	assert_true(vocab <= 16);
+	for (unsigned i = 0; i < n; i++) {
+		memcpy(l, row, vocab * sizeof(*l));
+		out[i] = sampler_sample(s, l, hist, n_hist);
+	}
+}
+
+/*
+ * logit -= presence * [count > 0] + frequency * count over the sampler's
+ * own picks, not the prompt; the worked sequences below follow from the
+ * formula with greedy ties to the lower id.
+ */
+static void test_presence_frequency(void **state)
+{
+	(void)state;
+	const float row[8] = { 5.0f, 4.5f, 4.0f, 0, 0, 0, 0, 0 };
+	const uint32_t prompt[] = { 0, 0, 0 };
+	struct sampler_params p = params_t(0.0f, 1);
+	uint32_t got[4];
+
+	p.frequency_penalty = 1.0f;
+	struct sampler *s = make(&p, 8);
+	picks(s, row, 8, prompt, 3, got, 4);	/* the prompt's zeros count for nothing */
+	assert_int_equal(got[0], 0);
+	assert_int_equal(got[1], 1);	/* 5 - 1 < 4.5 */
+	assert_int_equal(got[2], 0);	/* 4 == 4: the lower id */
+	assert_int_equal(got[3], 2);	/* 5 - 2 < 4 */
+	sampler_destroy(s);
+
+	p.frequency_penalty = 0.0f;
+	p.presence_penalty = 1.0f;
+	s = make(&p, 8);
+	picks(s, row, 8, NULL, 0, got, 4);
+	assert_int_equal(got[0], 0);
+	assert_int_equal(got[1], 1);
+	assert_int_equal(got[2], 0);
+	assert_int_equal(got[3], 0);	/* presence counts once: 4 == 4, the lower id */
+	sampler_destroy(s);
+
+	p.presence_penalty = -2.0f;	/* negative ones encourage repeats */
+	s = make(&p, 8);
+	picks(s, (const float[8]){ 4.0f, 5.0f, 0, 0, 0, 0, 0, 0 }, 8, NULL, 0, got, 3);
+	assert_int_equal(got[0], 1);
+	assert_int_equal(got[1], 1);
+	assert_int_equal(got[2], 1);
+	sampler_destroy(s);
+
+	/* OpenAI's range, -2..2. */
+	p.presence_penalty = 2.5f;
+	assert_int_equal(sampler_create(&s, &p, 8), -EINVAL);
+	p.presence_penalty = 0.0f;
+	p.frequency_penalty = NAN;
+	assert_int_equal(sampler_create(&s, &p, 8), -EINVAL);
+	p.frequency_penalty = -2.01f;
+	assert_int_equal(sampler_create(&s, &p, 8), -EINVAL);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -616,6 +681,7 @@ int main(void)
 		cmocka_unit_test(test_degenerate_rows),
 		cmocka_unit_test(test_log_softmax_top),
 		cmocka_unit_test(test_logprobs_raw),
+		cmocka_unit_test(test_presence_frequency),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

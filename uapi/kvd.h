@@ -74,7 +74,8 @@
 #define KVD_FEAT_PROGRESS      (1U << 9) /* KVD_SQE_PROGRESS: prefill progress CQEs */
 #define KVD_FEAT_MESSAGES      (1U << 10) /* KVD_SQE_MESSAGES: a whole conversation as a chat prompt */
 #define KVD_FEAT_LOGPROBS      (1U << 11) /* KVD_SQE_LOGPROBS: per-token log-probabilities */
-#define KVD_FEAT_ALL           ((1U << 12) - 1)
+#define KVD_FEAT_PENALTIES     (1U << 12) /* presence/frequency penalties (OpenAI's) */
+#define KVD_FEAT_ALL           ((1U << 13) - 1)
 
 /* ------------------------------------------------------------------------ */
 /* Control messages: one per SOCK_SEQPACKET datagram, requests and replies. */
@@ -349,6 +350,13 @@ struct kvd_ring_hdr {
  * area (max_tokens records) must lie in the arena, 4-byte aligned
  * (-EFAULT). Without LOGPROBS, logprobs_off and top_logprobs must be 0.
  *
+ * Penalties (KVD_FEAT_PENALTIES): OpenAI's and vLLM's presence and frequency
+ * penalties, over the tokens this request has generated so far (not the
+ * prompt): logit[t] -= presence * (count[t] > 0) + frequency * count[t],
+ * after the repeat penalty and before temperature. presence_milli and
+ * frequency_milli are the penalties x 1000, in [-2000, 2000] (else -EINVAL);
+ * 0 is off.
+ *
  * Sampling: temperature_milli 0 is greedy; top_k 0, top_p_e4 0 or 10000,
  * min_p_e4 0, repeat_penalty_milli 0 or 1000 are off; repeat_last_n 0
  * means 64. The same seed and inputs give the same tokens, alone or
@@ -439,7 +447,9 @@ struct kvd_sqe {
 	__u32	logprobs_off;	/* LOGPROBS: arena byte offset of the kvd_logprob records, 4-aligned */
 	__u8	top_logprobs;	/* LOGPROBS: alternatives per token, <= KVD_MAX_TOP_LOGPROBS */
 	__u8	resv1;		/* zero */
-	__u16	resv2[3];	/* zero */
+	__s16	presence_milli;	/* presence penalty x 1000, -2000..2000; 0 off */
+	__s16	frequency_milli; /* frequency penalty x 1000, -2000..2000; 0 off */
+	__u16	resv2;		/* zero */
 	__u32	resv3;		/* zero */
 	__u64	resv[5];	/* zero */
 };

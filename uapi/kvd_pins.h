@@ -139,7 +139,9 @@ KVD_PIN(struct kvd_sqe, system_len, 68);
 KVD_PIN(struct kvd_sqe, logprobs_off, 72);
 KVD_PIN(struct kvd_sqe, top_logprobs, 76);
 KVD_PIN(struct kvd_sqe, resv1, 77);
-KVD_PIN(struct kvd_sqe, resv2, 78);
+KVD_PIN(struct kvd_sqe, presence_milli, 78);
+KVD_PIN(struct kvd_sqe, frequency_milli, 80);
+KVD_PIN(struct kvd_sqe, resv2, 82);
 KVD_PIN(struct kvd_sqe, resv3, 84);
 KVD_PIN(struct kvd_sqe, resv, 88);
 

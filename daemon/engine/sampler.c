@@ -1,4 +1,4 @@
-/* sampler.c — logits row to token: penalty, then greedy or temperature, top-k, top-p, min-p, draw; and the row's log-probabilities. */
+/* sampler.c — logits row to token: penalties, then greedy or temperature, top-k, top-p, min-p, draw; and the row's log-probabilities. */
 #include "daemon/engine/sampler.h"
 
 #include <errno.h>
@@ -33,6 +33,9 @@ struct sampler {
 	uint32_t *mark;			/* (vocab,) penalty dedup: mark[id] == stamp once seen */
 	uint32_t stamp;
 	double bucket_w[SAMPLER_BUCKETS];	/* top-p: weight per x bucket */
+	uint32_t *count;		/* (vocab,) presence/frequency: times each id was returned */
+	uint32_t *seen;			/* (n_seen,) the ids returned, each once */
+	uint32_t n_seen;
 	float *raw;			/* (vocab,) logprobs: the row before the penalties */
 	struct sampler_logprob lp[1 + SAMPLER_MAX_TOP];	/* the last pick's, sampler_logprobs() */
 	uint32_t n_lp;
@@ -83,6 +86,8 @@ void sampler_params_default(struct sampler_params *p)
 	p->repeat_penalty = 1.0f;
 	p->repeat_last_n = 64;
 	p->seed = 0;
+	p->presence_penalty = 0.0f;
+	p->frequency_penalty = 0.0f;
 	p->logprobs = 0;
 	p->top_logprobs = 0;
 }
@@ -110,7 +115,9 @@ int sampler_create(struct sampler **out, const struct sampler_params *p, uint32_
 	if (!sampler_knob_ok(p->temperature, FLT_MAX) || !sampler_knob_ok(p->top_p, 1.0f) ||
 	    !sampler_knob_ok(p->min_p, 1.0f) || !sampler_knob_ok(p->repeat_penalty, FLT_MAX))
 		return -EINVAL;
-	if (p->top_logprobs > SAMPLER_MAX_TOP || p->top_logprobs > vocab ||
+	/* OpenAI's range; negative ones encourage repeats, as there. */
+	if (!(fabsf(p->presence_penalty) <= 2.0f) || !(fabsf(p->frequency_penalty) <= 2.0f) ||
+	    p->top_logprobs > SAMPLER_MAX_TOP || p->top_logprobs > vocab ||
 	    (p->top_logprobs && !p->logprobs))
 		return -EINVAL;
 
@@ -123,6 +130,12 @@ int sampler_create(struct sampler **out, const struct sampler_params *p, uint32_
 	s->mark = calloc(vocab, sizeof(*s->mark));
 	if (!s->mark)
 		goto err_free_cand;
+	if (p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f) {
+		s->count = calloc(vocab, sizeof(*s->count));
+		s->seen = malloc((size_t)vocab * sizeof(*s->seen));
+		if (!s->count || !s->seen)
+			goto err_free_extra;
+	}
 	if (p->logprobs && !(s->raw = malloc((size_t)vocab * sizeof(*s->raw))))
 		goto err_free_extra;
 
@@ -135,6 +148,8 @@ int sampler_create(struct sampler **out, const struct sampler_params *p, uint32_
 	return 0;
 
 err_free_extra:
+	free(s->count);
+	free(s->seen);
 	free(s->mark);
 err_free_cand:
 	free(s->cand);
@@ -148,11 +163,33 @@ void sampler_destroy(struct sampler *s)
 	if (!s)
 		return;
 	free(s->raw);
+	free(s->seen);
+	free(s->count);
 	free(s->mark);
 	free(s->cand);
 	free(s);
 }
 
+/*
+ * OpenAI's and vLLM's presence/frequency penalties over the sampler's own
+ * picks: subtracted, whatever the logit's sign (unlike the repeat penalty).
+ */
+static void sampler_penalize_output(struct sampler *s, float *logits)
+{
+	for (uint32_t i = 0; i < s->n_seen; i++) {
+		uint32_t t = s->seen[i];
+
+		logits[t] -= s->p.presence_penalty + s->p.frequency_penalty * (float)s->count[t];
+	}
+}
+
+static void sampler_note_pick(struct sampler *s, uint32_t tok)
+{
+	if (!s->count)
+		return;
+	if (s->count[tok]++ == 0)
+		s->seen[s->n_seen++] = tok;	/* at most vocab distinct ids */
+}
 
 /* Larger logit first, lower id among equals; NaN as -inf. */
 static inline int lp_before(float a, uint32_t ia, float b, uint32_t ib)
@@ -434,6 +471,7 @@ static uint32_t sampler_pick(struct sampler *s, float *logits, const uint32_t *h
 	u = sampler_rng_unit(s);
 
 	sampler_penalize(s, logits, history, n_history);
+	sampler_penalize_output(s, logits);
 	best = sampler_argmax(logits, vocab, &max);
 	if (p->temperature <= 0.0f || p->top_k == 1 || !isfinite(max))
 		return best;
@@ -515,6 +553,7 @@ uint32_t sampler_sample(struct sampler *s, float *logits, const uint32_t *histor
 		norm = sampler_log_softmax_top(logits, s->vocab, s->p.top_logprobs, s->lp + 1);
 	}
 	tok = sampler_pick(s, logits, history, n_history);
+	sampler_note_pick(s, tok);
 	if (s->p.logprobs) {
 		s->lp[0] = (struct sampler_logprob){ tok, lp_of(s->raw, tok, norm) };
 		s->n_lp = 1 + s->p.top_logprobs;

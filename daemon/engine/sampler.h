@@ -1,4 +1,4 @@
-/* sampler.h — turns a logits row into a token: greedy, temperature, top-k/p, min-p, penalty; and its log-probabilities. */
+/* sampler.h — turns a logits row into a token: greedy, temperature, top-k/p, min-p, penalties; and its log-probabilities. */
 #ifndef KVD_SAMPLER_H
 #define KVD_SAMPLER_H
 
@@ -13,6 +13,14 @@ struct sampler_params {
 	float repeat_penalty;	/* 1 or <= 0: off; >1 discourages recent tokens */
 	uint32_t repeat_last_n;	/* how many recent tokens the penalty looks at */
 	uint64_t seed;		/* the same seed and inputs give the same tokens */
+	/*
+	 * OpenAI's presence and frequency penalties, over the tokens this
+	 * sampler has returned (the request's output, not its prompt):
+	 * logit[t] -= presence * (count[t] > 0) + frequency * count[t], after
+	 * the repeat penalty. 0: off; [-2, 2].
+	 */
+	float presence_penalty;
+	float frequency_penalty;
 	int logprobs;		/* keep the raw log-probabilities of each pick (sampler_logprobs()) */
 	uint32_t top_logprobs;	/* with logprobs: this many most likely tokens too, <= SAMPLER_MAX_TOP */
 };

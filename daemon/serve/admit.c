@@ -28,7 +28,7 @@ int validate_sqe_op(const struct kvd_sqe *q)
 	static const __u64 resv_zero[sizeof(q->resv) / sizeof(q->resv[0])];
 	if (q->opcode >= KVD_OP_LAST || (q->flags & ~KVD_SQE_FLAGS_ALL) ||
 	    q->priority > KVD_PRIO_BACKGROUND || memcmp(q->resv, resv_zero, sizeof(q->resv)) ||
-	    q->resv1 || q->resv2[0] || q->resv2[1] || q->resv2[2] || q->resv3)
+	    q->resv1 || q->resv2 || q->resv3)
 		return -EINVAL;
 	/* How a prompt is read means nothing to an op without one: refused, so it can mean something later. */
 	const uint32_t prompt_flags = KVD_SQE_TEXT | KVD_SQE_CHAT | KVD_SQE_PLAIN | KVD_SQE_SPECIAL |
@@ -96,6 +96,10 @@ int validate_sqe(const struct kvd_sqe *q, uint32_t arena_bytes)
 	if (rc)
 		return rc;
 	if (q->top_p_e4 > 10000 || q->min_p_e4 > 10000)
+		return -EINVAL;
+	/* OpenAI's range for both penalties, -2..2. */
+	if (q->presence_milli < -2000 || q->presence_milli > 2000 || q->frequency_milli < -2000 ||
+	    q->frequency_milli > 2000)
 		return -EINVAL;
 	rc = validate_logprobs(q, arena_bytes, has_out);
 	if (rc)
@@ -192,6 +196,8 @@ static int sampler_from_sqe(const struct kvd_sqe *q, uint32_t vocab, struct samp
 	p.repeat_penalty = q->repeat_penalty_milli ? (float)q->repeat_penalty_milli / 1000.0f : 1.0f;
 	p.repeat_last_n = q->repeat_last_n ? q->repeat_last_n : 64;
 	p.seed = q->seed;
+	p.presence_penalty = (float)q->presence_milli / 1000.0f;
+	p.frequency_penalty = (float)q->frequency_milli / 1000.0f;
 	_Static_assert(SAMPLER_MAX_TOP == KVD_MAX_TOP_LOGPROBS, "the sampler keeps what the ABI asks");
 	p.logprobs = (q->flags & KVD_SQE_LOGPROBS) != 0;
 	p.top_logprobs = q->top_logprobs;
