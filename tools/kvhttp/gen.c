@@ -55,31 +55,80 @@ static int wait_kind(struct kvh_gen *g, struct kvd_cqe *cqe, int client_fd)
 	}
 }
 
-/* Write the prompt into slot 0's part; *used: bytes taken there. */
-static int put_prompt(struct kvh_gen *g, struct kvd_sqe *tmpl, uint32_t *used)
+/* A chat the current ABI can say without KVD_FEAT_MESSAGES: [system,] user. Index of the user turn, or -1. */
+static int single_turn(const struct kvh_req *r)
+{
+	if (r->n_msgs == 1 && r->msgs[0].role == KVD_ROLE_USER)
+		return 0;
+	if (r->n_msgs == 2 && r->msgs[0].role == KVD_ROLE_SYSTEM && r->msgs[1].role == KVD_ROLE_USER)
+		return 1;
+	return -1;
+}
+
+/* A chat prompt into a (room bytes at arena offset base). Returns bytes, or -errno with *e filled. */
+static int put_chat(struct kvh_gen *g, uint8_t *a, uint32_t base, uint32_t room, struct kvd_sqe *t,
+		    struct kvh_err *e)
+{
+	const struct kvh_req *r = g->req;
+	if (kvh_lease_info(&g->lease)->features & KVD_FEAT_MESSAGES) {
+		int n = kvc_messages_encode(r->msgs, r->n_msgs, NULL, 0);
+		if (n > 0 && (uint32_t)n <= room)
+			n = kvc_messages_encode(r->msgs, r->n_msgs, a + base, room);
+		if (n < 0)
+			kvh_err_set(e, 400, "invalid_request_error", "messages", NULL, "bad messages: %s",
+				    kvc_strerror(n));
+		t->flags = KVD_SQE_TEXT | KVD_SQE_CHAT | KVD_SQE_MESSAGES;
+		return n > 0 && (uint32_t)n > room ? -E2BIG : n;
+	}
+	int u = single_turn(r);
+	if (u < 0) {
+		kvh_err_set(e, 400, "invalid_request_error", "messages", NULL, "a conversation of more than a "
+			    "system message and one user message is not supported by this kvd (no KVD_FEAT_MESSAGES)");
+		return -EOPNOTSUPP;
+	}
+	size_t ul = r->msgs[u].len, sl = u ? r->msgs[0].len : 0;
+	if (ul + sl > room)
+		return -E2BIG;
+	memcpy(a + base, r->msgs[u].text, ul);
+	if (sl) {
+		memcpy(a + base + ul, r->msgs[0].text, sl);
+		t->system_off = base + (uint32_t)ul;
+		t->system_len = (uint32_t)sl;
+	}
+	t->flags = KVD_SQE_TEXT | KVD_SQE_CHAT;
+	return (int)(ul + sl);
+}
+
+/* Write the prompt into slot 0's part and fill *t's prompt fields; *used: bytes taken there. */
+static int put_prompt(struct kvh_gen *g, struct kvd_sqe *t, uint32_t *used, struct kvh_err *e)
 {
 	const struct kvh_req *r = g->req;
 	uint8_t *a = kvh_lease_arena(&g->lease);
 	uint32_t base = g->lease.off[0], room = g->lease.part_bytes / 2;
-	size_t bytes = r->ids ? (size_t)r->n_ids * 4 : r->text_len + r->system_len;
-	if (bytes > room || (!r->ids && !r->text_len))
-		return bytes ? -E2BIG : -EINVAL;
-	memset(tmpl, 0, sizeof(*tmpl));
-	tmpl->tokens_off = base;
-	if (r->ids) {
-		memcpy(a + base, r->ids, bytes);
-		tmpl->n_tokens = r->n_ids;
+	int n;
+	memset(t, 0, sizeof(*t));
+	t->tokens_off = base;
+	if (r->chat) {
+		n = put_chat(g, a, base, room, t, e);
+	} else if (r->ids) {
+		n = (size_t)r->n_ids * 4 <= room ? (int)r->n_ids * 4 : -E2BIG;
+		if (n > 0)
+			memcpy(a + base, r->ids, (size_t)n);
 	} else {
-		memcpy(a + base, r->text, r->text_len);
-		tmpl->n_tokens = (uint32_t)r->text_len;
-		tmpl->flags = KVD_SQE_TEXT | (r->chat ? KVD_SQE_CHAT : 0);
-		if (r->system_len) {
-			memcpy(a + base + r->text_len, r->system, r->system_len);
-			tmpl->system_off = base + (uint32_t)r->text_len;
-			tmpl->system_len = (uint32_t)r->system_len;
-		}
+		n = r->text_len <= room ? (int)r->text_len : -E2BIG;
+		if (n > 0)
+			memcpy(a + base, r->text, (size_t)n);
+		t->flags = KVD_SQE_TEXT;
 	}
-	*used = ((uint32_t)bytes + 63) & ~63u;
+	if (n == -E2BIG)
+		kvh_err_set(e, 413, "invalid_request_error", NULL, NULL, "the prompt is larger than kvhttp's "
+			    "room for it (%u bytes)", room);
+	else if (n == 0)
+		kvh_err_set(e, 400, "invalid_request_error", r->chat ? "messages" : "prompt", NULL, "the prompt is empty");
+	if (n <= 0)
+		return n ? n : -EINVAL;
+	t->n_tokens = r->ids ? r->n_ids : (uint32_t)n;
+	*used = (t->system_len + (uint32_t)n + 63) & ~63u;
 	return 0;
 }
 
@@ -88,17 +137,10 @@ static int prefill(struct kvh_gen *g, int client_fd, struct kvh_err *e)
 {
 	const struct kvd_hello_rep *h = kvh_lease_info(&g->lease);
 	struct kvd_sqe tmpl, sqe;
-	uint32_t used;
-	int rc = put_prompt(g, &tmpl, &used);
-	if (rc == -E2BIG) {
-		kvh_err_set(e, 413, "invalid_request_error", NULL, NULL, "the prompt is larger than kvhttp's "
-			    "room for it (%u bytes)", g->lease.part_bytes / 2);
+	uint32_t used = 0;
+	int rc = put_prompt(g, &tmpl, &used, e);
+	if (rc)
 		return rc;
-	}
-	if (rc) {
-		kvh_err_set(e, 400, "invalid_request_error", "prompt", NULL, "the prompt is empty");
-		return rc;
-	}
 	for (uint32_t i = 0; i < g->req->n && !rc; i++) {
 		kvc_prep_prefill(&sqe, g->lease.session_id, g->lease.slot[i],
 				 kvh_lease_ud(&g->lease, i, KVH_UD_PREFILL), tmpl.tokens_off, tmpl.n_tokens);
@@ -166,13 +208,19 @@ static int decode(struct kvh_gen *g, struct kvh_err *e)
 	if (!r->has_seed && getrandom(&seed, sizeof(seed), 0) != sizeof(seed))
 		seed = (uint64_t)time(NULL);
 	struct kvc_sampling s = { .temperature = (float)r->temperature, .top_p = (float)r->top_p };
+	if ((r->presence || r->frequency) && !(kvh_lease_info(&g->lease)->features & KVD_FEAT_PENALTIES)) {
+		kvh_err_set(e, 400, "invalid_request_error", r->presence ? "presence_penalty" : "frequency_penalty",
+			    NULL, "'%s' is not supported by this kvd (no KVD_FEAT_PENALTIES)",
+			    r->presence ? "presence_penalty" : "frequency_penalty");
+		return -EOPNOTSUPP;
+	}
 	for (uint32_t i = 0; i < r->n; i++) {
 		struct kvd_sqe sqe;
 		kvc_prep_decode(&sqe, g->lease.session_id, g->lease.slot[i],
 				kvh_lease_ud(&g->lease, i, KVH_UD_DECODE), out_off(g, i), g->max_tokens);
 		sqe.flags = KVD_SQE_STREAM | (r->ignore_eos ? KVD_SQE_IGNORE_EOS : 0);
 		s.seed = seed + i;
-		if (kvc_prep_sampling(&sqe, &s)) {
+		if (kvc_prep_sampling(&sqe, &s) || kvc_prep_penalties(&sqe, (float)r->presence, (float)r->frequency)) {
 			kvh_err_set(e, 400, "invalid_request_error", "temperature", NULL, "sampling out of range");
 			return -EINVAL;
 		}

@@ -108,6 +108,9 @@ struct kvh_req {
 	size_t		text_len;
 	char		*system;
 	size_t		system_len;
+	struct kvc_message *msgs;	/* chat: the whole conversation, texts owned */
+	size_t		n_msgs;
+	double		presence, frequency;	/* OpenAI's penalties; 0: off */
 	uint32_t	*ids;
 	uint32_t	n_ids;
 	json_t		*root;		/* owns the strings above that point into it */

@@ -25,7 +25,7 @@ void kvh_err_set(struct kvh_err *e, unsigned int status, const char *type, const
 
 /* Fields that change the result and this kvd cannot honour: refused by name, never ignored. */
 static const char *const unsupported[] = {
-	"logprobs", "top_logprobs", "presence_penalty", "frequency_penalty", "logit_bias",
+	"logprobs", "top_logprobs", "logit_bias",
 	"tools", "tool_choice", "functions", "function_call", "best_of", "suffix", NULL,
 };
 
@@ -34,8 +34,6 @@ static int is_set(const char *k, json_t *v)
 {
 	if (json_is_null(v) || json_is_false(v))
 		return 0;
-	if ((!strcmp(k, "presence_penalty") || !strcmp(k, "frequency_penalty")) && json_is_number(v))
-		return json_number_value(v) != 0;
 	if (!strcmp(k, "logit_bias") && json_is_object(v))
 		return json_object_size(v) != 0;
 	if ((!strcmp(k, "tools") || !strcmp(k, "functions")) && json_is_array(v))
@@ -141,6 +139,10 @@ static int parse_common(struct kvh_req *r, json_t *root, struct kvh_err *e)
 	if (!rc)
 		rc = get_bool(root, "ignore_eos", &r->ignore_eos, e);
 	if (!rc)
+		rc = get_num(root, "presence_penalty", -2, 2, &r->presence, e);
+	if (!rc)
+		rc = get_num(root, "frequency_penalty", -2, 2, &r->frequency, e);
+	if (!rc)
 		rc = parse_stop(r, root, e);
 	if (rc)
 		return rc;
@@ -204,34 +206,37 @@ static int content_text(json_t *msg, size_t i, char **out, size_t *len, struct k
 	return 0;
 }
 
-/* What the current ABI can say (KVD_SQE_CHAT): an optional system message, then one user turn. */
+/*
+ * The conversation, kept whole: kvd renders it (KVD_SQE_MESSAGES) where it
+ * grants KVD_FEAT_MESSAGES; gen.c falls back to one user turn (and a
+ * system message) with KVD_SQE_CHAT, or refuses what that cannot say.
+ */
 static int parse_messages(struct kvh_req *r, json_t *root, struct kvh_err *e)
 {
 	json_t *ms = json_object_get(root, "messages");
 	if (!json_is_array(ms) || !json_array_size(ms))
 		return BAD(e, "messages", "'messages' must be a non-empty array");
+	r->msgs = calloc(json_array_size(ms), sizeof(*r->msgs));
+	if (!r->msgs)
+		return -ENOMEM;
 	size_t i;
 	json_t *m;
 	json_array_foreach(ms, i, m) {
 		const char *role = json_string_value(json_object_get(m, "role"));
 		if (!json_is_object(m) || !role)
 			return BAD(e, "messages", "messages[%zu] must be an object with a 'role'", i);
-		int sys = !strcmp(role, "system") || !strcmp(role, "developer");
-		if (!sys && strcmp(role, "user") && strcmp(role, "assistant") && strcmp(role, "tool"))
-			return BAD(e, "messages", "messages[%zu].role '%s' is not one of system, user, assistant",
-				   i, role);
-		if (sys && i == 0 && json_array_size(ms) > 1) {
-			int rc = content_text(m, i, &r->system, &r->system_len, e);
-			if (rc)
-				return rc;
-		} else if (!strcmp(role, "user") && i == json_array_size(ms) - 1 && i <= 1) {
-			int rc = content_text(m, i, &r->text, &r->text_len, e);
-			if (rc)
-				return rc;
-		} else {
-			return BAD(e, "messages", "a conversation of more than one system message and one user "
-				   "message is not supported by this kvd (messages[%zu] is '%s')", i, role);
-		}
+		uint8_t rl = !strcmp(role, "system") || !strcmp(role, "developer") ? KVD_ROLE_SYSTEM :
+			     !strcmp(role, "user") ? KVD_ROLE_USER : !strcmp(role, "assistant") ? KVD_ROLE_ASSISTANT : 0;
+		if (!rl)
+			return BAD(e, "messages", "messages[%zu].role '%s' is not supported by this kvd (system, "
+				   "user, assistant)", i, role);
+		char *t;
+		size_t len;
+		int rc = content_text(m, i, &t, &len, e);
+		if (rc)
+			return rc;
+		r->msgs[i] = (struct kvc_message){ .role = rl, .text = t, .len = len };
+		r->n_msgs = i + 1;
 	}
 	return 0;
 }
@@ -291,6 +296,9 @@ void kvh_req_free(struct kvh_req *r)
 	free(r->text);
 	free(r->system);
 	free(r->ids);
+	for (size_t i = 0; i < r->n_msgs; i++)
+		free((char *)r->msgs[i].text);
+	free(r->msgs);
 	json_decref(r->root);
 	memset(r, 0, sizeof(*r));
 }
