@@ -146,7 +146,25 @@ def openai_part():
     b = c.completions.create(**kw).choices[0].text
     check("frequency_penalty is applied (2.0 changes the greedy text)", a != b, repr((a, b)))
 
-    for name, kw, param in [("logprobs", {"logprobs": True}, "logprobs"),
+    r = c.chat.completions.create(model="x", messages=msgs, max_tokens=8, temperature=0, logprobs=True,
+                                  top_logprobs=2)
+    lp = r.choices[0].logprobs.content
+    check("chat logprobs: one per token, greedy picks the most likely, 2 alternatives",
+          len(lp) == r.usage.completion_tokens and all(x.logprob <= 0 and len(x.top_logprobs) == 2 and
+                                                       abs(x.logprob - x.top_logprobs[0].logprob) < 1e-6 for x in lp),
+          repr(lp[:2]))
+    n = 0
+    for chunk in c.chat.completions.create(model="x", messages=msgs, max_tokens=8, temperature=0, logprobs=True,
+                                           stream=True):
+        for d in chunk.choices:
+            n += len(d.logprobs.content) if d.logprobs and d.logprobs.content else 0
+    check("streamed chat logprobs: as many entries as tokens", n == len(lp), "%d vs %d" % (n, len(lp)))
+    r = c.completions.create(model="x", prompt="The capital of France is", max_tokens=8, temperature=0, logprobs=1)
+    l = r.choices[0].logprobs
+    check("completions logprobs: tokens spell the text", "".join(l.tokens) == r.choices[0].text and
+          len(l.token_logprobs) == 8 and len(l.top_logprobs) == 8, repr(l))
+
+    for name, kw, param in [("top_logprobs over 20", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
                             ("presence_penalty out of range", {"presence_penalty": 3}, "presence_penalty"),
                             ("response_format json", {"response_format": {"type": "json_object"}}, "response_format")]:
         try:

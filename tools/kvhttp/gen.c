@@ -187,7 +187,8 @@ static int pick_max(struct kvh_gen *g, struct kvh_err *e)
 		return -E2BIG;
 	}
 	g->max_tokens = (uint32_t)want;
-	uint32_t out_room = (g->lease.part_bytes - g->prompt_used) / 4;
+	uint32_t per_token = 4 + (g->req->logprobs ? kvc_logprobs_bytes(1, g->req->top_logprobs) : 0);
+	uint32_t out_room = (g->lease.part_bytes - g->prompt_used) / per_token;
 	if (g->max_tokens > out_room) {
 		kvh_err_set(e, 400, "invalid_request_error", "max_tokens", NULL,
 			    "max_tokens above kvhttp's room for the output (%u)", out_room);
@@ -201,6 +202,12 @@ static uint32_t out_off(const struct kvh_gen *g, uint32_t i)
 	return g->lease.off[i] + (i == 0 ? g->prompt_used : 0);
 }
 
+/* Choice i's kvd_logprob records: after its max_tokens output ids (4-aligned, as the ABI wants). */
+static uint32_t lp_off(const struct kvh_gen *g, uint32_t i)
+{
+	return out_off(g, i) + 4 * g->max_tokens;
+}
+
 static int decode(struct kvh_gen *g, struct kvh_err *e)
 {
 	const struct kvh_req *r = g->req;
@@ -208,6 +215,11 @@ static int decode(struct kvh_gen *g, struct kvh_err *e)
 	if (!r->has_seed && getrandom(&seed, sizeof(seed), 0) != sizeof(seed))
 		seed = (uint64_t)time(NULL);
 	struct kvc_sampling s = { .temperature = (float)r->temperature, .top_p = (float)r->top_p };
+	if (r->logprobs && !(kvh_lease_info(&g->lease)->features & KVD_FEAT_LOGPROBS)) {
+		kvh_err_set(e, 400, "invalid_request_error", "logprobs", NULL,
+			    "'logprobs' is not supported by this kvd (no KVD_FEAT_LOGPROBS)");
+		return -EOPNOTSUPP;
+	}
 	if ((r->presence || r->frequency) && !(kvh_lease_info(&g->lease)->features & KVD_FEAT_PENALTIES)) {
 		kvh_err_set(e, 400, "invalid_request_error", r->presence ? "presence_penalty" : "frequency_penalty",
 			    NULL, "'%s' is not supported by this kvd (no KVD_FEAT_PENALTIES)",
@@ -223,6 +235,10 @@ static int decode(struct kvh_gen *g, struct kvh_err *e)
 		if (kvc_prep_sampling(&sqe, &s) || kvc_prep_penalties(&sqe, (float)r->presence, (float)r->frequency)) {
 			kvh_err_set(e, 400, "invalid_request_error", "temperature", NULL, "sampling out of range");
 			return -EINVAL;
+		}
+		if (r->logprobs) {
+			kvc_prep_logprobs(&sqe, lp_off(g, i), (uint8_t)r->top_logprobs);
+			g->ch[i].lp = json_array();
 		}
 		int rc = kvh_lease_submit(&g->lease, &sqe);
 		if (rc) {
@@ -322,6 +338,36 @@ static int cancel(struct kvh_gen *g, uint32_t i)
 	return kvh_lease_submit(&g->lease, &sqe);
 }
 
+/* One token's {token, logprob, bytes} (OpenAI's shape; -9999 stands for -inf, which JSON cannot say). */
+static json_t *lp_one(struct kvc_conn *kc, const struct kvd_logprob *r)
+{
+	uint32_t len = 0;
+	const char *b = kvc_token_bytes(kc, r->token, &len);
+	json_t *bytes = json_array();
+	for (uint32_t k = 0; k < len; k++)
+		json_array_append_new(bytes, json_integer((unsigned char)b[k]));
+	json_t *t = json_stringn(b ? b : "", len);
+	if (!t)
+		t = json_string("\ufffd");	/* a piece of a character */
+	float v = kvc_logprob_value(r);
+	return json_pack("{s:o,s:f,s:o}", "token", t, "logprob", v >= -9999.0f ? (double)v : -9999.0, "bytes",
+			 bytes);
+}
+
+/* Choice i's records of token k into its list. */
+static void lp_take(struct kvh_gen *g, uint32_t i, uint32_t k)
+{
+	const uint8_t *arena = kvh_lease_arena(&g->lease);
+	struct kvc_conn *kc = kvh_lease_kvc(&g->lease);
+	uint32_t top = g->req->top_logprobs;
+	const struct kvd_logprob *r = (const struct kvd_logprob *)(arena + lp_off(g, i)) + (size_t)k * (1 + top);
+	json_t *en = lp_one(kc, &r[0]), *alts = json_array();
+	for (uint32_t j = 1; j <= top; j++)
+		json_array_append_new(alts, lp_one(kc, &r[j]));
+	json_object_set_new(en, "top_logprobs", alts);
+	json_array_append_new(g->ch[i].lp, en);
+}
+
 /* The tokens of choice i up to n_out into its text; 1 when a sink call happened. */
 static int take_tokens(struct kvh_gen *g, uint32_t i, uint32_t n_out, const struct kvh_sink *s)
 {
@@ -331,6 +377,8 @@ static int take_tokens(struct kvh_gen *g, uint32_t i, uint32_t n_out, const stru
 	for (; c->tokens < n_out && c->tokens < g->max_tokens && !c->finish; c->tokens++) {
 		uint32_t len;
 		const char *b = kvc_token_bytes(kc, __atomic_load_n(&out[c->tokens], __ATOMIC_RELAXED), &len);
+		if (c->lp)
+			lp_take(g, i, c->tokens);
 		char buf[512 + 3];
 		while (b && len) {
 			uint32_t k = len < 512 ? len : 512;
@@ -447,6 +495,8 @@ void kvh_gen_end(struct kvh_gen *g)
 		kvh_lease_put(&g->lease);
 		g->have_lease = 0;
 	}
-	for (uint32_t i = 0; i < KVH_MAX_CHOICES; i++)
+	for (uint32_t i = 0; i < KVH_MAX_CHOICES; i++) {
 		free(g->ch[i].text);
+		json_decref(g->ch[i].lp);
+	}
 }

@@ -111,6 +111,8 @@ struct kvh_req {
 	struct kvc_message *msgs;	/* chat: the whole conversation, texts owned */
 	size_t		n_msgs;
 	double		presence, frequency;	/* OpenAI's penalties; 0: off */
+	int		logprobs;	/* per-token log-probabilities asked for */
+	uint32_t	top_logprobs;	/* alternatives per token */
 	uint32_t	*ids;
 	uint32_t	n_ids;
 	json_t		*root;		/* owns the strings above that point into it */
@@ -144,6 +146,8 @@ struct kvh_choice {
 	const char	*finish;	/* NULL while running: "stop", "length" */
 	int		done;		/* final CQE taken */
 	int		cancelling;
+	json_t		*lp;		/* logprobs: one {token, logprob, bytes, top_logprobs} per token */
+	size_t		lp_sent;	/* entries already in a stream chunk */
 };
 
 /* Called with new text of choice i (a stream chunk), and once when choice i finishes. */
@@ -192,6 +196,8 @@ json_t *kvh_resp_full(const struct kvh_gen *g);
 json_t *kvh_resp_chunk(const struct kvh_gen *g, uint32_t i, const char *s, size_t len,
 		       const char *finish, int role);
 json_t *kvh_resp_usage_chunk(const struct kvh_gen *g);
+/* Choice i's logprobs entries [from, to) in the endpoint's shape (chat content list or completions arrays). */
+json_t *kvh_logprobs_json(const struct kvh_gen *g, uint32_t i, size_t from, size_t to);
 json_t *kvh_usage(const struct kvh_gen *g);
 json_t *kvh_err_json(const struct kvh_err *e);
 

@@ -25,7 +25,7 @@ void kvh_err_set(struct kvh_err *e, unsigned int status, const char *type, const
 
 /* Fields that change the result and this kvd cannot honour: refused by name, never ignored. */
 static const char *const unsupported[] = {
-	"logprobs", "top_logprobs", "logit_bias",
+	"logit_bias",
 	"tools", "tool_choice", "functions", "function_call", "best_of", "suffix", NULL,
 };
 
@@ -42,8 +42,6 @@ static int is_set(const char *k, json_t *v)
 		return strcmp(json_string_value(v), "none") != 0;
 	if (!strcmp(k, "best_of") && json_is_integer(v))
 		return json_integer_value(v) != 1;
-	if (!strcmp(k, "top_logprobs") && json_is_integer(v))
-		return json_integer_value(v) != 0;
 	return 1;
 }
 
@@ -118,6 +116,28 @@ static int parse_stop(struct kvh_req *r, json_t *root, struct kvh_err *e)
 	return 0;
 }
 
+/* chat: logprobs true and top_logprobs 0..20; completions: logprobs 0..5 alternatives. */
+static int parse_logprobs(struct kvh_req *r, json_t *root, struct kvh_err *e)
+{
+	json_t *v = json_object_get(root, "logprobs");
+	int64_t top = 0;
+	int rc = 0;
+	if (!v || json_is_null(v))
+		return json_is_integer(json_object_get(root, "top_logprobs")) &&
+		       json_integer_value(json_object_get(root, "top_logprobs")) ?
+		       BAD(e, "top_logprobs", "'top_logprobs' needs 'logprobs'") : 0;
+	if (r->chat) {
+		rc = get_bool(root, "logprobs", &r->logprobs, e);
+		if (!rc)
+			rc = get_int(root, "top_logprobs", 0, KVD_MAX_TOP_LOGPROBS, &top, e);
+	} else {
+		rc = get_int(root, "logprobs", 0, 5, &top, e);
+		r->logprobs = !rc;
+	}
+	r->top_logprobs = (uint32_t)top;
+	return rc;
+}
+
 static int parse_common(struct kvh_req *r, json_t *root, struct kvh_err *e)
 {
 	int64_t n = 1, mt = -1, mct = -1, seed = -1;
@@ -138,6 +158,8 @@ static int parse_common(struct kvh_req *r, json_t *root, struct kvh_err *e)
 		rc = get_int(root, "seed", INT64_MIN, INT64_MAX, &seed, e);
 	if (!rc)
 		rc = get_bool(root, "ignore_eos", &r->ignore_eos, e);
+	if (!rc)
+		rc = parse_logprobs(r, root, e);
 	if (!rc)
 		rc = get_num(root, "presence_penalty", -2, 2, &r->presence, e);
 	if (!rc)
@@ -342,9 +364,10 @@ json_t *kvh_resp_full(const struct kvh_gen *g)
 		const struct kvh_choice *c = &g->ch[i];
 		json_t *ch;
 		if (r->chat) {
-			ch = json_pack("{s:I,s:{s:s,s:o},s:s,s:n}", "index", (json_int_t)i, "message", "role",
+			ch = json_pack("{s:I,s:{s:s,s:o},s:s,s:o}", "index", (json_int_t)i, "message", "role",
 				       "assistant", "content", text_of(c->text, c->len), "finish_reason",
-				       c->finish ? c->finish : "stop", "logprobs");
+				       c->finish ? c->finish : "stop", "logprobs",
+				       kvh_logprobs_json(g, i, 0, c->lp ? json_array_size(c->lp) : 0));
 		} else {
 			json_t *t = text_of(c->text, c->len);
 			if (r->echo && r->text) {
@@ -357,8 +380,9 @@ json_t *kvh_resp_full(const struct kvh_gen *g)
 					free(s);
 				}
 			}
-			ch = json_pack("{s:I,s:o,s:s,s:n}", "index", (json_int_t)i, "text", t, "finish_reason",
-				       c->finish ? c->finish : "stop", "logprobs");
+			ch = json_pack("{s:I,s:o,s:s,s:o}", "index", (json_int_t)i, "text", t, "finish_reason",
+				       c->finish ? c->finish : "stop", "logprobs",
+				       kvh_logprobs_json(g, i, 0, c->lp ? json_array_size(c->lp) : 0));
 		}
 		json_array_append_new(cs, ch);
 	}
@@ -380,10 +404,15 @@ json_t *kvh_resp_chunk(const struct kvh_gen *g, uint32_t i, const char *s, size_
 			json_object_set_new(d, "role", json_string("assistant"));
 		if (s)
 			json_object_set_new(d, "content", text_of(s, len));
-		ch = json_pack("{s:I,s:o,s:n}", "index", (json_int_t)i, "delta", d, "logprobs");
+		ch = json_pack("{s:I,s:o}", "index", (json_int_t)i, "delta", d);
 	} else {
-		ch = json_pack("{s:I,s:o,s:n}", "index", (json_int_t)i, "text", text_of(s, len), "logprobs");
+		ch = json_pack("{s:I,s:o}", "index", (json_int_t)i, "text", text_of(s, len));
 	}
+	/* The entries of the tokens taken since the last chunk. */
+	struct kvh_choice *c = (struct kvh_choice *)&g->ch[i];
+	size_t to = c->lp ? json_array_size(c->lp) : 0;
+	json_object_set_new(ch, "logprobs", kvh_logprobs_json(g, i, c->lp_sent, to));
+	c->lp_sent = to;
 	json_object_set_new(ch, "finish_reason", finish ? json_string(finish) : json_null());
 	json_object_set_new(o, "choices", json_pack("[o]", ch));
 	if (r->include_usage)
@@ -397,4 +426,28 @@ json_t *kvh_resp_usage_chunk(const struct kvh_gen *g)
 	json_object_set_new(o, "choices", json_array());
 	json_object_set_new(o, "usage", kvh_usage(g));
 	return o;
+}
+
+json_t *kvh_logprobs_json(const struct kvh_gen *g, uint32_t i, size_t from, size_t to)
+{
+	const struct kvh_choice *c = &g->ch[i];
+	if (!g->req->logprobs || !c->lp)
+		return json_null();
+	if (g->req->chat) {
+		json_t *a = json_array();
+		for (size_t k = from; k < to; k++)
+			json_array_append(a, json_array_get(c->lp, k));
+		return json_pack("{s:o}", "content", a);
+	}
+	json_t *toks = json_array(), *lps = json_array(), *tops = json_array();
+	for (size_t k = from; k < to; k++) {
+		json_t *en = json_array_get(c->lp, k), *alt = json_object(), *t;
+		size_t j;
+		json_array_append(toks, json_object_get(en, "token"));
+		json_array_append(lps, json_object_get(en, "logprob"));
+		json_array_foreach(json_object_get(en, "top_logprobs"), j, t)
+			json_object_set(alt, json_string_value(json_object_get(t, "token")), json_object_get(t, "logprob"));
+		json_array_append_new(tops, alt);
+	}
+	return json_pack("{s:o,s:o,s:o}", "tokens", toks, "token_logprobs", lps, "top_logprobs", tops);
 }
