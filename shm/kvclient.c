@@ -1,5 +1,6 @@
 /* kvclient.c — libkvclient: control messages, the shared rings and the vocabulary. */
 #include <errno.h>
+#include <limits.h>
 #include <poll.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -739,4 +740,35 @@ size_t kvc_utf8_flush(struct kvc_utf8 *u, char *out)
 	memcpy(out, u->held, n);
 	u->n = 0;
 	return n;
+}
+
+int kvc_messages_encode(const struct kvc_message *msgs, size_t n, void *out, size_t cap)
+{
+	uint64_t total = 0;
+
+	if (!n || n > KVD_CHAT_MAX_MSGS || !msgs)
+		return -EINVAL;
+	for (size_t i = 0; i < n; i++) {
+		if (msgs[i].role < KVD_ROLE_SYSTEM || msgs[i].role >= KVD_ROLE_LAST ||
+		    (!msgs[i].text && msgs[i].len))
+			return -EINVAL;
+		if (msgs[i].len > UINT32_MAX)
+			return -E2BIG;
+		total += sizeof(struct kvd_chat_msg) + msgs[i].len;
+		if (total > INT_MAX)
+			return -E2BIG;
+	}
+	if (!out || total > cap)
+		return (int)total;
+	uint8_t *w = out;
+	for (size_t i = 0; i < n; i++) {
+		struct kvd_chat_msg h = { .role = msgs[i].role, .len = (uint32_t)msgs[i].len };
+
+		memcpy(w, &h, sizeof(h));
+		w += sizeof(h);
+		if (msgs[i].len)
+			memcpy(w, msgs[i].text, msgs[i].len);
+		w += msgs[i].len;
+	}
+	return (int)total;
 }

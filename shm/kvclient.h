@@ -236,6 +236,74 @@ static inline void kvc_prep_decode(struct kvd_sqe *sqe, uint32_t session_id, uin
 	sqe->max_tokens = max_tokens;
 }
 
+/*
+ * A whole conversation (KVD_FEAT_MESSAGES): msgs_len bytes of a message
+ * list (kvc_messages_encode()) at arena offset msgs_off, rendered with the
+ * model's chat template; add KVD_SQE_NO_GEN_PROMPT to leave out the
+ * assistant's opening, KVD_SQE_APPEND for the next turns of slot's
+ * conversation. max_tokens 0 makes it a PREFILL.
+ */
+static inline void kvc_prep_messages(struct kvd_sqe *sqe, uint32_t session_id, uint32_t slot,
+				     uint64_t user_data, uint32_t msgs_off, uint32_t msgs_len,
+				     uint32_t out_off, uint32_t max_tokens)
+{
+	if (max_tokens)
+		kvc_prep_generate(sqe, session_id, slot, user_data, msgs_off, msgs_len, out_off,
+				  max_tokens);
+	else
+		kvc_prep_prefill(sqe, session_id, slot, user_data, msgs_off, msgs_len);
+	sqe->flags |= KVD_SQE_TEXT | KVD_SQE_CHAT | KVD_SQE_MESSAGES;
+}
+
+/*
+ * Log-probabilities (KVD_FEAT_LOGPROBS) for a DECODE or GENERATE: for each
+ * sampled token, 1 + top kvd_logprob records at arena offset off (4-aligned,
+ * room for kvc_logprobs_bytes(max_tokens, top)): the token's own, then the
+ * top (<= KVD_MAX_TOP_LOGPROBS) most likely. Raw distribution, before
+ * temperature and penalties (uapi/kvd.h, "Log-probabilities").
+ */
+static inline void kvc_prep_logprobs(struct kvd_sqe *sqe, uint32_t off, uint8_t top)
+{
+	sqe->flags |= KVD_SQE_LOGPROBS;
+	sqe->logprobs_off = off;
+	sqe->top_logprobs = top;
+}
+
+static inline uint32_t kvc_logprobs_bytes(uint32_t max_tokens, uint32_t top)
+{
+	return max_tokens * (uint32_t)sizeof(struct kvd_logprob) * (1 + top);
+}
+
+/* The records of sampled token i (0-based) of the request sqe describes, in arena. */
+static inline const struct kvd_logprob *kvc_logprobs_at(const uint8_t *arena, const struct kvd_sqe *sqe,
+							 uint32_t i)
+{
+	return (const struct kvd_logprob *)(arena + sqe->logprobs_off) + (size_t)i * (1u + sqe->top_logprobs);
+}
+
+/* A record's log-probability as a float (the ABI carries its bits). */
+static inline float kvc_logprob_value(const struct kvd_logprob *lp)
+{
+	float f;
+
+	memcpy(&f, &lp->logprob, sizeof(f));
+	return f;
+}
+
+/*
+ * OpenAI's presence and frequency penalties (KVD_FEAT_PENALTIES), each in
+ * [-2, 2], over the tokens the request generates: logit -= presence *
+ * (count > 0) + frequency * count. Returns 0 or -EINVAL (out of range, NaN).
+ */
+static inline int kvc_prep_penalties(struct kvd_sqe *sqe, float presence, float frequency)
+{
+	if (!(presence >= -2.0f && presence <= 2.0f) || !(frequency >= -2.0f && frequency <= 2.0f))
+		return -EINVAL;
+	sqe->presence_milli = (__s16)(presence * 1000.0f + (presence < 0 ? -0.5f : 0.5f));
+	sqe->frequency_milli = (__s16)(frequency * 1000.0f + (frequency < 0 ? -0.5f : 0.5f));
+	return 0;
+}
+
 /* Cancel the request of this connection whose user_data is target. */
 static inline void kvc_prep_cancel(struct kvd_sqe *sqe, uint32_t session_id, uint64_t user_data,
 				   uint64_t target)
@@ -284,6 +352,24 @@ static inline int kvc_prep_sampling(struct kvd_sqe *sqe, const struct kvc_sampli
 	sqe->seed = s->seed;
 	return 0;
 }
+
+/* One message of a conversation for kvc_messages_encode(). */
+struct kvc_message {
+	uint8_t		role;		/* KVD_ROLE_SYSTEM, _USER, _ASSISTANT */
+	const char	*text;		/* len bytes of UTF-8, no NUL; NULL only with len 0 */
+	size_t		len;
+};
+
+/*
+ * Lay out n messages as a KVD_SQE_MESSAGES list (uapi/kvd.h, "Message
+ * lists") in out, cap bytes (out NULL and cap 0 to count). Returns the
+ * bytes the list takes, written only when they all fit (else nothing is
+ * written: call again with room for the count); -EINVAL for no message,
+ * more than KVD_CHAT_MAX_MSGS, an unknown role or NULL text with a length;
+ * -E2BIG for a list over INT_MAX bytes. The content is not checked here
+ * (UTF-8, NUL): the daemon refuses such a list with -EINVAL.
+ */
+int kvc_messages_encode(const struct kvc_message *msgs, size_t n, void *out, size_t cap);
 
 /* ---------------------------------------------------------------------- */
 /* Text, from the vocabulary the daemon maps for us (KVD_FEAT_VOCAB).     */

@@ -1,4 +1,4 @@
-# systemd/ — kvd.service, kvd.socket, sysusers and tmpfiles snippets, the default kvd.conf.
+# systemd/ — kvd.service, kvd.socket, kvhttp.service, kvhttp.socket, sysusers and tmpfiles snippets, the default kvd.conf.
 SYSCONFDIR ?= /etc
 UNITDIR    ?= $(PREFIX)/lib/systemd/system
 SYSUSERSDIR ?= $(PREFIX)/lib/sysusers.d
@@ -12,6 +12,9 @@ install-systemd:
 	sed 's|/usr/bin/kvd|$(PREFIX)/bin/kvd|' systemd/kvd.service > $(DESTDIR)$(UNITDIR)/kvd.service
 	chmod 0644 $(DESTDIR)$(UNITDIR)/kvd.service
 	install -m 0644 systemd/kvd.socket $(DESTDIR)$(UNITDIR)/
+	sed 's|/usr/bin/kvhttp|$(PREFIX)/bin/kvhttp|' systemd/kvhttp.service > $(DESTDIR)$(UNITDIR)/kvhttp.service
+	chmod 0644 $(DESTDIR)$(UNITDIR)/kvhttp.service
+	install -m 0644 systemd/kvhttp.socket $(DESTDIR)$(UNITDIR)/
 	install -m 0644 systemd/kvd.sysusers $(DESTDIR)$(SYSUSERSDIR)/kvd.conf
 	install -m 0644 systemd/kvd.tmpfiles $(DESTDIR)$(TMPFILESDIR)/kvd.conf
 	@# An administrator's edited kvd.conf is never overwritten.

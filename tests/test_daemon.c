@@ -663,7 +663,7 @@ static void sqe_mangle(struct wire *r, struct kvd_sqe *q, enum sqe_bad bad)
 		*q = (struct kvd_sqe){ .opcode = KVD_OP_CANCEL, .session_id = q->session_id,
 				       .user_data = q->user_data, .target_user_data = 12345 };
 		break;
-	case SB_RESV: q->resv[6] = 1; break;
+	case SB_RESV: q->resv[4] = 1; break;
 	case SB_SPECIAL_NO_TEXT: q->flags |= KVD_SQE_SPECIAL; break;
 	case SB_PLAIN_SPECIAL: text_hello(r, q, KVD_SQE_PLAIN | KVD_SQE_SPECIAL); break;
 	case SB_SYSTEM_NO_CHAT:

@@ -33,6 +33,8 @@ for f in usr/bin/kvd usr/bin/kvctl usr/bin/kvbench \
 	usr/include/kvd/kvclient.h usr/include/kvd/kvring.h usr/include/kvd/uapi/kvd.h \
 	usr/lib/pkgconfig/kvclient.pc \
 	usr/lib/systemd/system/kvd.service usr/lib/systemd/system/kvd.socket \
+	usr/bin/kvhttp usr/lib/systemd/system/kvhttp.service usr/lib/systemd/system/kvhttp.socket \
+	usr/share/man/man1/kvhttp.1 \
 	usr/lib/sysusers.d/kvd.conf usr/lib/tmpfiles.d/kvd.conf etc/kvd/kvd.conf \
 	usr/share/man/man8/kvd.8 usr/share/man/man1/kvctl.1 usr/share/man/man8/kvtop.8 \
 	usr/share/man/man1/kvbench.1 usr/share/man/man3/libkvclient.3 \
@@ -86,6 +88,28 @@ if have systemd-analyze && [ -d /usr/lib/systemd/system ]; then
 	else
 		cat "$tmp/verify.log"
 		bad "systemd-analyze verify kvd.socket kvd.service"
+	fi
+	if MANPATH="$vroot/usr/share/man" systemd-analyze --root="$vroot" verify \
+		kvhttp.socket kvhttp.service >"$tmp/verify.log" 2>&1 && [ ! -s "$tmp/verify.log" ]; then
+		ok "systemd-analyze verify kvhttp.socket kvhttp.service"
+	else
+		cat "$tmp/verify.log"
+		bad "systemd-analyze verify kvhttp.socket kvhttp.service"
+	fi
+	# kvhttp parses untrusted HTTP: held to a lower exposure than kvd, which needs BPF capabilities.
+	if systemd-analyze security --offline=true --root="$vroot" --threshold=20 kvhttp.service \
+		>"$tmp/security.log" 2>&1; then
+		ok "systemd-analyze security: $(grep -o 'Overall exposure level for kvhttp.service: [0-9.]* [A-Z]*' "$tmp/security.log")"
+	else
+		tail -n 5 "$tmp/security.log"
+		bad "systemd-analyze security kvhttp.service above 2.0"
+	fi
+	if grep -q '^ExecStart=/usr/bin/kvhttp ' "$root/usr/lib/systemd/system/kvhttp.service" &&
+		grep -q '^SupplementaryGroups=kvd$' "$root/usr/lib/systemd/system/kvhttp.service" &&
+		grep -q '^ListenStream=127.0.0.1:8090$' "$root/usr/lib/systemd/system/kvhttp.socket"; then
+		ok "kvhttp.service runs PREFIX/bin/kvhttp in group kvd; kvhttp.socket listens on loopback"
+	else
+		bad "kvhttp units: ExecStart, group kvd or the loopback socket"
 	fi
 	# Exposure on systemd's 0-10 scale; the threshold (in tenths) guards the hardening.
 	if systemd-analyze security --offline=true --root="$vroot" --threshold=20 kvd.service \

@@ -14,7 +14,7 @@ so=$B/libkvd-cuda.so
 
 # ---- what the programs link ----
 if have readelf; then
-	for f in "$B/kvd" "$B/kvctl" "$B/kvtop" "$B/kvbench" "$B/kvc_example" "$B/libkvclient.so.2"; do
+	for f in "$B/kvd" "$B/kvctl" "$B/kvtop" "$B/kvbench" "$B/kvhttp" "$B/kvc_example" "$B/libkvclient.so.2"; do
 		[ -e "$f" ] || continue
 		dyn=$(readelf -d "$f")
 		needed=$(echo "$dyn" | grep NEEDED | grep -E 'libcuda|libcublas|libkvd-cuda' | tr -s ' ')

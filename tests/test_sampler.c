@@ -1,4 +1,4 @@
-/* test_sampler.c — sampler: greedy ties, seeding, softmax frequencies, top-k/p, min-p, penalty, params. */
+/* test_sampler.c — sampler: greedy ties, seeding, softmax frequencies, top-k/p, min-p, penalties, params, log-probabilities. */
 #include <errno.h>
 #include <math.h>
 #include <setjmp.h>
@@ -509,6 +509,163 @@ static void test_degenerate_rows(void **state)
 	sampler_destroy(s);
 }
 
+
+/* ---- log-probabilities ---- */
+
+/* The log-softmax of l in double, the reference. */
+static double ref_norm(const float *l, uint32_t n)
+{
+	double m = -INFINITY, sum = 0.0;
+
+	for (uint32_t i = 0; i < n; i++)
+		m = l[i] > m ? l[i] : m;
+	for (uint32_t i = 0; i < n; i++)
+		sum += exp((double)l[i] - m);
+	return m + log(sum);
+}
+
+/* The k best are the k largest, in order, ties by id, their values log-softmax; a pure function of the row. */
+static void test_log_softmax_top(void **state)
+{
+	(void)state;
+	uint32_t n = BIG_VOCAB;
+	float *l = malloc(n * sizeof(*l));
+	struct sampler_logprob top[SAMPLER_MAX_TOP], again[SAMPLER_MAX_TOP];
+
+	assert_non_null(l);
+	fill_logits(l, n, 7);
+	l[100] = l[200] = 40.0f;	/* a tie at the top: the lower id first */
+	double norm = sampler_log_softmax_top(l, n, SAMPLER_MAX_TOP, top);
+	assert_true(fabs(norm - ref_norm(l, n)) < 1e-9);
+	assert_int_equal(top[0].id, 100);
+	assert_int_equal(top[1].id, 200);
+	for (uint32_t j = 0; j < SAMPLER_MAX_TOP; j++) {
+		assert_true(fabs(top[j].logprob - ((double)l[top[j].id] - norm)) < 1e-6);
+		if (j)
+			assert_true(top[j].logprob <= top[j - 1].logprob);
+	}
+	/* Nothing outside the top is larger than its last. */
+	uint32_t above = 0;
+	for (uint32_t i = 0; i < n; i++)
+		above += l[i] > l[top[SAMPLER_MAX_TOP - 1].id];
+	assert_true(above < SAMPLER_MAX_TOP);
+	assert_true(sampler_log_softmax_top(l, n, SAMPLER_MAX_TOP, again) == norm);
+	assert_memory_equal(top, again, sizeof(top));
+	free(l);
+}
+
+/*
+ * A pick's log-probabilities come from the row as passed in, before the
+ * penalties: a penalised, sampled token keeps its raw value.
+ */
+static void test_logprobs_raw(void **state)
+{
+	(void)state;
+	const uint32_t n = 64;
+	float l[64], raw[64];
+	struct sampler_params p = params_t(0.0f, 1);
+
+	p.logprobs = 1;
+	p.top_logprobs = 3;
+	p.repeat_penalty = 1.5f;
+	struct sampler *s = make(&p, n);
+	const struct sampler_logprob *lp;
+
+	assert_int_equal(sampler_logprobs(s, &lp), 0);
+	fill_logits(raw, n, 3);
+	raw[5] = 9.0f;
+	raw[6] = 8.0f;
+	memcpy(l, raw, sizeof(l));
+	uint32_t hist[] = { 5 };	/* 9 / 1.5 = 6 < 8: the penalty makes 6 the pick */
+	uint32_t tok = sampler_sample(s, l, hist, 1);
+	assert_int_equal(tok, 6);
+	assert_int_equal(sampler_logprobs(s, &lp), 4);
+	double norm = ref_norm(raw, n);
+	assert_int_equal(lp[0].id, 6);
+	assert_true(fabs(lp[0].logprob - (8.0 - norm)) < 1e-6);
+	assert_int_equal(lp[1].id, 5);	/* the raw distribution's best, unpenalised */
+	assert_true(fabs(lp[1].logprob - (9.0 - norm)) < 1e-6);
+	assert_int_equal(lp[2].id, 6);
+	sampler_destroy(s);
+
+	/* Off by default; top_logprobs needs logprobs and at most SAMPLER_MAX_TOP. */
+	s = make(&(struct sampler_params){ .repeat_penalty = 1.0f, .top_p = 1.0f }, n);
+	memcpy(l, raw, sizeof(l));
+	sampler_sample(s, l, NULL, 0);
+	assert_int_equal(sampler_logprobs(s, &lp), 0);
+	sampler_destroy(s);
+	p.top_logprobs = SAMPLER_MAX_TOP + 1;
+	assert_int_equal(sampler_create(&s, &p, n), -EINVAL);
+	p.logprobs = 0;
+	p.top_logprobs = 1;
+	assert_int_equal(sampler_create(&s, &p, n), -EINVAL);
+}
+
+/* ---- OpenAI's presence and frequency penalties ---- */
+
+/* n greedy picks from a fresh copy of row each time, with the sampler's own history only. */
+static void picks(struct sampler *s, const float *row, uint32_t vocab, const uint32_t *hist,
+		  size_t n_hist, uint32_t *out, unsigned n)
+{
+	float l[16];
+
+	assert_true(vocab <= 16);
+	for (unsigned i = 0; i < n; i++) {
+		memcpy(l, row, vocab * sizeof(*l));
+		out[i] = sampler_sample(s, l, hist, n_hist);
+	}
+}
+
+/*
+ * logit -= presence * [count > 0] + frequency * count over the sampler's
+ * own picks, not the prompt; the worked sequences below follow from the
+ * formula with greedy ties to the lower id.
+ */
+static void test_presence_frequency(void **state)
+{
+	(void)state;
+	const float row[8] = { 5.0f, 4.5f, 4.0f, 0, 0, 0, 0, 0 };
+	const uint32_t prompt[] = { 0, 0, 0 };
+	struct sampler_params p = params_t(0.0f, 1);
+	uint32_t got[4];
+
+	p.frequency_penalty = 1.0f;
+	struct sampler *s = make(&p, 8);
+	picks(s, row, 8, prompt, 3, got, 4);	/* the prompt's zeros count for nothing */
+	assert_int_equal(got[0], 0);
+	assert_int_equal(got[1], 1);	/* 5 - 1 < 4.5 */
+	assert_int_equal(got[2], 0);	/* 4 == 4: the lower id */
+	assert_int_equal(got[3], 2);	/* 5 - 2 < 4 */
+	sampler_destroy(s);
+
+	p.frequency_penalty = 0.0f;
+	p.presence_penalty = 1.0f;
+	s = make(&p, 8);
+	picks(s, row, 8, NULL, 0, got, 4);
+	assert_int_equal(got[0], 0);
+	assert_int_equal(got[1], 1);
+	assert_int_equal(got[2], 0);
+	assert_int_equal(got[3], 0);	/* presence counts once: 4 == 4, the lower id */
+	sampler_destroy(s);
+
+	p.presence_penalty = -2.0f;	/* negative ones encourage repeats */
+	s = make(&p, 8);
+	picks(s, (const float[8]){ 4.0f, 5.0f, 0, 0, 0, 0, 0, 0 }, 8, NULL, 0, got, 3);
+	assert_int_equal(got[0], 1);
+	assert_int_equal(got[1], 1);
+	assert_int_equal(got[2], 1);
+	sampler_destroy(s);
+
+	/* OpenAI's range, -2..2. */
+	p.presence_penalty = 2.5f;
+	assert_int_equal(sampler_create(&s, &p, 8), -EINVAL);
+	p.presence_penalty = 0.0f;
+	p.frequency_penalty = NAN;
+	assert_int_equal(sampler_create(&s, &p, 8), -EINVAL);
+	p.frequency_penalty = -2.01f;
+	assert_int_equal(sampler_create(&s, &p, 8), -EINVAL);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -522,6 +679,9 @@ int main(void)
 		cmocka_unit_test(test_repeat_penalty),
 		cmocka_unit_test(test_invalid_params),
 		cmocka_unit_test(test_degenerate_rows),
+		cmocka_unit_test(test_log_softmax_top),
+		cmocka_unit_test(test_logprobs_raw),
+		cmocka_unit_test(test_presence_frequency),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

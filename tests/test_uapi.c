@@ -52,7 +52,7 @@ static void test_constants(void **state)
 	assert_memory_equal(&(uint32_t){KVD_MAGIC}, "KVD1", 4);
 	assert_memory_equal(&(uint32_t){KVD_VOCAB_MAGIC}, "KVDV", 4);
 	assert_int_equal(KVD_ABI_VERSION, 2);
-	assert_int_equal(KVD_FEAT_ALL, 0x3ff);
+	assert_int_equal(KVD_FEAT_ALL, 0x1fff);
 	assert_int_equal(KVD_MSG_LAST, 6);
 	assert_int_equal(KVD_OP_LAST, 6);
 	/* Flags are distinct single bits. */
@@ -61,7 +61,8 @@ static void test_constants(void **state)
 	assert_int_equal(__builtin_popcount(cqe), 7);
 	assert_int_equal(KVD_SQE_FLAGS_ALL, KVD_SQE_APPEND | KVD_SQE_STREAM | KVD_SQE_IGNORE_EOS |
 						 KVD_SQE_TEXT | KVD_SQE_CHAT | KVD_SQE_PLAIN |
-						 KVD_SQE_SPECIAL | KVD_SQE_PROGRESS);
+						 KVD_SQE_SPECIAL | KVD_SQE_PROGRESS | KVD_SQE_MESSAGES |
+						 KVD_SQE_NO_GEN_PROMPT | KVD_SQE_LOGPROBS);
 	assert_int_equal(kvc_abi_version(), KVD_ABI_VERSION);
 }
 

@@ -21,8 +21,7 @@
 #include "uapi/kvd_metrics.h"
 #include "shm/kvclient.h"
 #include "tools/common.h"
-
-#define MAX_UIDS 256
+#include "tools/snap.h"
 
 struct opts {
 	const char *socket;	/* NULL: the library's default */
@@ -39,115 +38,11 @@ struct opts {
 static int color_on;
 #define C(seq) (color_on ? (seq) : "")
 
-struct uid_row {
-	uint32_t uid;
-	struct kvd_uid_stats st;
-	struct kvd_hist h[KVD_HIST_LAST];
-};
-
-/* One reading of everything kvtop shows. */
-struct snap {
-	double t;			/* CLOCK_MONOTONIC seconds */
-	int have_bpf;
-	int bpf_err;			/* why not: the first map's -errno */
-	struct kvd_counters ctr;
-	struct kvd_pool pool;
-	struct kvd_meta meta;
-	struct kvd_hist h[KVD_HIST_LAST];	/* all clients */
-	struct uid_row uids[MAX_UIDS];
-	uint32_t n_uids;
-	int have_stats;
-	struct kvd_stats_rep st;
-};
-
-static const char *const hist_names[KVD_HIST_LAST] = { "queue", "ttft", "itl", "step", "prefill_per_token" };
-static const char *const hist_prom[KVD_HIST_LAST] = {
-	"queue_wait_seconds", "ttft_seconds", "inter_token_seconds", "step_seconds", "prefill_token_seconds",
-};
-static const char *const hist_help[KVD_HIST_LAST] = {
-	"Time from submission until the scheduler starts the request.",
-	"Time from submission to the first generated token.",
-	"Time between consecutive tokens of one request.",
-	"Duration of one engine step.",
-	"Step time per row, for steps that carry prompt rows.",
-};
-
-/* ---- reading ---- */
-
-/* Read-only: the pins are 0640 for the socket's group, and a read-write open needs w. */
-static int open_map(const char *dir, const char *name)
-{
-	char path[512];
-	LIBBPF_OPTS(bpf_obj_get_opts, ro, .file_flags = BPF_F_RDONLY);
-	snprintf(path, sizeof(path), "%s/%s", dir, name);
-	int fd = bpf_obj_get_opts(path, &ro);
-	return fd < 0 ? -errno : fd;
-}
-
-static struct uid_row *uid_row(struct snap *s, uint32_t uid)
-{
-	for (uint32_t i = 0; i < s->n_uids; i++)
-		if (s->uids[i].uid == uid)
-			return &s->uids[i];
-	if (s->n_uids == MAX_UIDS)
-		return NULL;
-	struct uid_row *r = &s->uids[s->n_uids++];
-	memset(r, 0, sizeof(*r));
-	r->uid = uid;
-	return r;
-}
-
-/* The pinned maps under dir; 0, or -errno when they are not there (no BPF programs loaded). */
-static int read_bpf(const char *dir, struct snap *s)
-{
-	int fd_c = open_map(dir, "counters");
-	int fd_p = fd_c < 0 ? fd_c : open_map(dir, "pool");
-	int fd_m = fd_p < 0 ? fd_p : open_map(dir, "meta");
-	int fd_h = fd_m < 0 ? fd_m : open_map(dir, "hists");
-	int fd_u = fd_h < 0 ? fd_h : open_map(dir, "uids");
-	int rc = fd_u < 0 ? fd_u : 0;
-	__u32 zero = 0;
-	if (rc)
-		goto out;
-	if (bpf_map_lookup_elem(fd_c, &zero, &s->ctr) || bpf_map_lookup_elem(fd_p, &zero, &s->pool) ||
-	    bpf_map_lookup_elem(fd_m, &zero, &s->meta)) {
-		rc = -errno;
-		goto out;
-	}
-	__u32 uid, *prev = NULL;
-	while (bpf_map_get_next_key(fd_u, prev, &uid) == 0) {
-		struct uid_row *r = uid_row(s, uid);
-		if (r && bpf_map_lookup_elem(fd_u, &uid, &r->st))
-			memset(&r->st, 0, sizeof(r->st));	/* gone meanwhile */
-		prev = &uid;
-	}
-	struct kvd_hist_key k, *pk = NULL;
-	while (bpf_map_get_next_key(fd_h, pk, &k) == 0) {
-		struct kvd_hist h;
-		pk = &k;
-		if (k.kind >= KVD_HIST_LAST || bpf_map_lookup_elem(fd_h, &k, &h))
-			continue;
-		if (k.uid == KVD_UID_ALL) {
-			s->h[k.kind] = h;
-		} else {
-			struct uid_row *r = uid_row(s, k.uid);
-			if (r)
-				r->h[k.kind] = h;
-		}
-	}
-	s->have_bpf = 1;
-out:
-	for (int *fd = (int[]){ fd_c, fd_p, fd_m, fd_h, fd_u, -2 }; *fd != -2; fd++)
-		if (*fd >= 0)
-			close(*fd);
-	return rc;
-}
-
 static void take(struct snap *s, struct kvc_conn *c, const struct opts *o)
 {
 	memset(s, 0, sizeof(*s));
 	s->t = tool_now_s();
-	s->bpf_err = read_bpf(o->pin_dir, s);
+	s->bpf_err = snap_read_bpf(o->pin_dir, s);
 	s->have_stats = c && kvc_stats(c, &s->st) == 0;
 }
 
@@ -203,75 +98,13 @@ static void bpf_why(char *buf, size_t len, int err, const char *dir)
 	}
 }
 
-/* ---- figures derived from a snapshot ---- */
-
-/* The histogram's estimate of quantile q, in seconds: the upper bound of the slot it falls in. */
-static double hist_quantile(const struct kvd_hist *h, double q)
-{
-	__u64 total = 0, acc = 0;
-	for (int i = 0; i < KVD_HIST_SLOTS; i++)
-		total += h->slots[i];
-	if (!total)
-		return 0;
-	for (int i = 0; i < KVD_HIST_SLOTS; i++) {
-		acc += h->slots[i];
-		if ((double)acc >= q * (double)total)
-			return ldexp(1e-6, i);
-	}
-	return ldexp(1e-6, KVD_HIST_SLOTS - 1);
-}
-
-static __u64 hist_total(const struct kvd_hist *h)
-{
-	__u64 n = 0;
-	for (int i = 0; i < KVD_HIST_SLOTS; i++)
-		n += h->slots[i];
-	return n;
-}
-
-static __u64 inflight(const struct snap *s)
-{
-	__u64 n = 0;
-	for (uint32_t i = 0; i < s->n_uids; i++)
-		n += s->uids[i].st.inflight;
-	return n;
-}
-
-/* Pool figures: the BPF gauge once it has seen the pool change, else the daemon's STATS. */
-static int pool_figures(const struct snap *s, __u64 *used, __u64 *cached, __u64 *total,
-			const char **src)
-{
-	if (s->have_bpf && s->pool.updates) {
-		*used = s->pool.in_use;
-		*cached = s->pool.cached;
-		*total = s->pool.in_use + s->pool.cached + s->pool.free;
-		*src = "bpf";
-		return 1;
-	}
-	if (s->have_stats) {
-		*used = s->st.kv_blocks_used;
-		*cached = s->st.kv_blocks_cached;
-		*total = s->st.kv_blocks_total;
-		*src = "stats";
-		return 1;
-	}
-	*used = *cached = *total = 0;
-	*src = "none";
-	return 0;
-}
-
-static double hit_rate(__u64 hit, __u64 miss)
-{
-	return hit + miss ? (double)hit / (double)(hit + miss) : 0;
-}
-
 /* ---- JSON ---- */
 
 static void json_hist(const struct kvd_hist *h)
 {
 	printf("{\"count\":%llu,\"sum_s\":%.9f,\"p50_s\":%g,\"p90_s\":%g,\"p99_s\":%g,\"slots\":[",
-	       hist_total(h), h->sum_ns * 1e-9, hist_quantile(h, .5), hist_quantile(h, .9),
-	       hist_quantile(h, .99));
+	       snap_hist_total(h), h->sum_ns * 1e-9, snap_hist_quantile(h, .5), snap_hist_quantile(h, .9),
+	       snap_hist_quantile(h, .99));
 	for (int i = 0; i < KVD_HIST_SLOTS; i++)
 		printf("%s%llu", i ? "," : "", h->slots[i]);
 	printf("]}");
@@ -282,7 +115,7 @@ static void print_json(const struct snap *s, const struct opts *o)
 	const struct kvd_counters *c = &s->ctr;
 	__u64 used, cached, total;
 	const char *src;
-	pool_figures(s, &used, &cached, &total, &src);
+	snap_pool_figures(s, &used, &cached, &total, &src);
 	printf("{\"time\":%lld,\"bpf\":%s,\"pin_dir\":", (long long)time(NULL), s->have_bpf ? "true" : "false");
 	tool_json_string(stdout, o->pin_dir, strlen(o->pin_dir));	/* any path, now that $KVD_BPF_PIN_DIR picks it */
 	if (!s->have_bpf) {
@@ -302,11 +135,11 @@ static void print_json(const struct snap *s, const struct opts *o)
 		       c->tokens, c->first_tokens, c->requests, c->submitted, c->cancels, c->prefill_tokens,
 		       c->prefix_hit_tokens, c->prefix_miss_tokens, c->evictions, c->preemptions, c->steps,
 		       c->kv_allocs, c->kv_frees, c->connects, c->disconnects);
-		printf(",\"requests_in_flight\":%llu,\"prefix_hit_rate\":%.4f", inflight(s),
-		       hit_rate(c->prefix_hit_tokens, c->prefix_miss_tokens));
+		printf(",\"requests_in_flight\":%llu,\"prefix_hit_rate\":%.4f", snap_inflight(s),
+		       snap_hit_rate(c->prefix_hit_tokens, c->prefix_miss_tokens));
 		printf(",\"hists\":{");
 		for (int k = 0; k < KVD_HIST_LAST; k++) {
-			printf("%s\"%s\":", k ? "," : "", hist_names[k]);
+			printf("%s\"%s\":", k ? "," : "", snap_hist_names[k]);
 			json_hist(&s->h[k]);
 		}
 		printf("},\"uids\":[");
@@ -322,7 +155,7 @@ static void print_json(const struct snap *s, const struct opts *o)
 			for (int k = 0; k < KVD_HIST_LAST; k++) {
 				if (k == KVD_HIST_STEP || k == KVD_HIST_PREFILL)
 					continue;	/* steps belong to no client */
-				printf(",\"%s\":", hist_names[k]);
+				printf(",\"%s\":", snap_hist_names[k]);
 				json_hist(&r->h[k]);
 			}
 			printf("}");
@@ -348,115 +181,6 @@ static void print_json(const struct snap *s, const struct opts *o)
 		printf(",\"stats\":null");
 	}
 	printf("}\n");
-}
-
-/* ---- Prometheus text exposition format ---- */
-
-static void prom_head(const char *name, const char *type, const char *help)
-{
-	printf("# HELP kvd_%s %s\n# TYPE kvd_%s %s\n", name, help, name, type);
-}
-
-static void prom_one(const char *name, const char *type, const char *help, __u64 v)
-{
-	prom_head(name, type, help);
-	printf("kvd_%s %llu\n", name, v);
-}
-
-/* Cumulative buckets; the last slot is open-ended, so it is +Inf's. labels: "" or `uid="N",`. */
-static void prom_hist(const char *name, const char *labels, const struct kvd_hist *h)
-{
-	__u64 acc = 0;
-	for (int i = 0; i < KVD_HIST_SLOTS - 1; i++) {
-		acc += h->slots[i];
-		printf("kvd_%s_bucket{%sle=\"%g\"} %llu\n", name, labels, ldexp(1e-6, i), acc);
-	}
-	acc += h->slots[KVD_HIST_SLOTS - 1];
-	printf("kvd_%s_bucket{%sle=\"+Inf\"} %llu\n", name, labels, acc);
-	char lb[64] = "";
-	if (*labels)
-		snprintf(lb, sizeof(lb), "{%.*s}", (int)strlen(labels) - 1, labels);	/* drop the comma */
-	printf("kvd_%s_sum%s %.9f\n", name, lb, h->sum_ns * 1e-9);
-	printf("kvd_%s_count%s %llu\n", name, lb, acc);
-}
-
-/* One per-uid series of the field f of struct kvd_uid_stats. */
-static void prom_uid(const struct snap *s, const char *name, size_t off, const char *type, const char *help)
-{
-	prom_head(name, type, help);
-	for (uint32_t i = 0; i < s->n_uids; i++) {
-		__u64 v;
-		memcpy(&v, (const char *)&s->uids[i].st + off, sizeof(v));
-		printf("kvd_%s{uid=\"%u\"} %llu\n", name, s->uids[i].uid, v);
-	}
-}
-
-static void print_prometheus(const struct snap *s)
-{
-	const struct kvd_counters *c = &s->ctr;
-	prom_one("up", "gauge", "1 if kvtop reached the daemon's socket.", (__u64)s->have_stats);
-	prom_one("bpf_loaded", "gauge", "1 if the BPF metrics maps are pinned.", (__u64)s->have_bpf);
-	if (s->have_bpf) {
-		prom_one("tokens_total", "counter", "Tokens generated.", c->tokens);
-		prom_one("first_tokens_total", "counter", "Requests that produced a first token.", c->first_tokens);
-		prom_one("requests_total", "counter", "Requests completed.", c->requests);
-		prom_one("requests_submitted_total", "counter", "Requests queued.", c->submitted);
-		prom_one("cancels_total", "counter", "Cancellations asked for.", c->cancels);
-		prom_one("prefill_tokens_total", "counter", "Prompt tokens computed.", c->prefill_tokens);
-		prom_one("prefix_hit_tokens_total", "counter", "Prompt tokens served from the prefix cache.", c->prefix_hit_tokens);
-		prom_one("prefix_miss_tokens_total", "counter", "Prompt tokens not found in the prefix cache.", c->prefix_miss_tokens);
-		prom_one("evictions_total", "counter", "Cached KV blocks reclaimed.", c->evictions);
-		prom_one("preemptions_total", "counter", "Sequences that gave up their KV blocks.", c->preemptions);
-		prom_one("steps_total", "counter", "Engine steps.", c->steps);
-		prom_one("requests_in_flight", "gauge", "Requests submitted and not completed.", inflight(s));
-		for (int k = 0; k < KVD_HIST_LAST; k++) {
-			prom_head(hist_prom[k], "histogram", hist_help[k]);
-			prom_hist(hist_prom[k], "", &s->h[k]);
-		}
-		prom_uid(s, "uid_tokens_total", offsetof(struct kvd_uid_stats, tokens), "counter",
-			 "Tokens generated, per client uid.");
-		prom_uid(s, "uid_requests_total", offsetof(struct kvd_uid_stats, requests), "counter",
-			 "Requests completed, per client uid.");
-		prom_uid(s, "uid_requests_in_flight", offsetof(struct kvd_uid_stats, inflight), "gauge",
-			 "Requests in flight, per client uid.");
-		prom_uid(s, "uid_prefill_tokens_total", offsetof(struct kvd_uid_stats, prefill_tokens),
-			 "counter", "Prompt tokens computed, per client uid.");
-		prom_uid(s, "uid_prefix_hit_tokens_total", offsetof(struct kvd_uid_stats, prefix_hit_tokens),
-			 "counter", "Prompt tokens served from the prefix cache, per client uid.");
-		prom_uid(s, "uid_prefix_miss_tokens_total", offsetof(struct kvd_uid_stats, prefix_miss_tokens),
-			 "counter", "Prompt tokens not found in the prefix cache, per client uid.");
-		for (int k = 0; k <= KVD_HIST_ITL; k++) {
-			char name[64], help[160], lb[32];
-			snprintf(name, sizeof(name), "uid_%s", hist_prom[k]);
-			snprintf(help, sizeof(help), "%s Per client uid.", hist_help[k]);
-			prom_head(name, "histogram", help);
-			for (uint32_t i = 0; i < s->n_uids; i++) {
-				snprintf(lb, sizeof(lb), "uid=\"%u\",", s->uids[i].uid);
-				prom_hist(name, lb, &s->uids[i].h[k]);
-			}
-		}
-	}
-	__u64 used, cached, total;
-	const char *src;
-	if (pool_figures(s, &used, &cached, &total, &src)) {
-		prom_head("kv_blocks", "gauge", "KV cache blocks by state.");
-		printf("kvd_kv_blocks{state=\"in_use\"} %llu\n", used);
-		printf("kvd_kv_blocks{state=\"cached\"} %llu\n", cached);
-		printf("kvd_kv_blocks{state=\"free\"} %llu\n", total - used - cached);
-	}
-	if (s->have_stats) {
-		const struct kvd_stats_rep *t = &s->st;
-		prom_one("daemon_requests_total", "counter", "Requests completed (daemon STATS).", t->requests);
-		prom_one("daemon_tokens_prefilled_total", "counter", "Prompt tokens computed (daemon STATS).", t->tokens_prefilled);
-		prom_one("daemon_tokens_generated_total", "counter", "Tokens sampled (daemon STATS).", t->tokens_generated);
-		prom_one("daemon_prefix_hit_tokens_total", "counter", "Prefix-cache hit tokens (daemon STATS).", t->prefix_hit_tokens);
-		prom_one("daemon_prefix_miss_tokens_total", "counter", "Prefix-cache miss tokens (daemon STATS).", t->prefix_miss_tokens);
-		prom_one("daemon_evictions_total", "counter", "Cached blocks reclaimed (daemon STATS).", t->evictions);
-		prom_one("daemon_preemptions_total", "counter", "Sequences preempted (daemon STATS).", t->preemptions);
-		prom_one("daemon_steps_total", "counter", "Engine steps (daemon STATS).", t->steps);
-		prom_one("daemon_connections", "gauge", "Client connections open.", t->connections);
-		prom_one("daemon_sessions", "gauge", "Sessions open.", t->sessions);
-	}
 }
 
 /* ---- the dashboard ---- */
@@ -495,10 +219,10 @@ static void bar(__u64 used, __u64 cached, __u64 total, int width)
 static void lat_row(const char *label, const struct kvd_hist *h)
 {
 	char a[16], b[16], c[16], m[16];
-	__u64 n = hist_total(h);
-	fmt_time(a, sizeof(a), hist_quantile(h, .5));
-	fmt_time(b, sizeof(b), hist_quantile(h, .9));
-	fmt_time(c, sizeof(c), hist_quantile(h, .99));
+	__u64 n = snap_hist_total(h);
+	fmt_time(a, sizeof(a), snap_hist_quantile(h, .5));
+	fmt_time(b, sizeof(b), snap_hist_quantile(h, .9));
+	fmt_time(c, sizeof(c), snap_hist_quantile(h, .99));
 	fmt_time(m, sizeof(m), n ? h->sum_ns * 1e-9 / (double)n : 0);
 	printf("  %-18s %9s %9s %9s %9s %10llu\n", label, a, b, c, m, n);
 }
@@ -557,18 +281,18 @@ static void dashboard(const struct snap *s, const struct snap *prev, const struc
 	__u64 miss = s->have_bpf ? s->ctr.prefix_miss_tokens : s->st.prefix_miss_tokens;
 	printf("  tokens/s %s%8.1f%s   in flight %4llu   requests %8llu"
 	       "   tokens %10llu\n",
-	       C("\033[1m"), tps, C("\033[0m"), s->have_bpf ? inflight(s) : 0,
+	       C("\033[1m"), tps, C("\033[0m"), s->have_bpf ? snap_inflight(s) : 0,
 	       s->have_bpf ? s->ctr.requests : s->st.requests, tok);
 	__u64 used, cached, total;
 	const char *src;
-	pool_figures(s, &used, &cached, &total, &src);
+	snap_pool_figures(s, &used, &cached, &total, &src);
 	printf("  KV pool  ");
 	bar(used, cached, total, 40);
 	printf(" %llu used, %llu cached, %llu free\n", used, cached,
 	       total - used - cached);
 	printf("  prefix hit rate %5.1f %%  (%llu of %llu prompt tokens)   evictions %llu"
 	       "   preemptions %llu\n\n",
-	       100 * hit_rate(hit, miss), hit, hit + miss,
+	       100 * snap_hit_rate(hit, miss), hit, hit + miss,
 	       s->have_bpf ? s->ctr.evictions : s->st.evictions,
 	       s->have_bpf ? s->ctr.preemptions : s->st.preemptions);
 	if (!s->have_bpf)
@@ -591,12 +315,12 @@ static void dashboard(const struct snap *s, const struct snap *prev, const struc
 			if (prev->uids[j].uid == r->uid)
 				pt = prev->uids[j].st.tokens;
 		char a[16], b[16];
-		fmt_time(a, sizeof(a), hist_quantile(&r->h[KVD_HIST_TTFT], .5));
-		fmt_time(b, sizeof(b), hist_quantile(&r->h[KVD_HIST_ITL], .5));
+		fmt_time(a, sizeof(a), snap_hist_quantile(&r->h[KVD_HIST_TTFT], .5));
+		fmt_time(b, sizeof(b), snap_hist_quantile(&r->h[KVD_HIST_ITL], .5));
 		printf("  %-8u %10llu %8.1f %8llu %8llu %10s %10s %8.1f\n", r->uid,
 		       r->st.tokens, dt > 0 && r->st.tokens >= pt ? (double)(r->st.tokens - pt) / dt : 0,
 		       r->st.requests, r->st.inflight, a, b,
-		       100 * hit_rate(r->st.prefix_hit_tokens, r->st.prefix_miss_tokens));
+		       100 * snap_hit_rate(r->st.prefix_hit_tokens, r->st.prefix_miss_tokens));
 	}
 }
 
@@ -804,7 +528,7 @@ int main(int argc, char **argv)
 	}
 	rc = 0;
 	if (o.prometheus) {
-		print_prometheus(&s[0]);
+		snap_prometheus(stdout, &s[0]);
 		goto out;
 	}
 	if (o.once) {

@@ -1,6 +1,6 @@
 # tools/ — command-line programs built on libkvclient.
 TOOLS := $(patsubst tools/%.c,%,$(wildcard tools/kv*.c))
-TOOL_BINS := $(TOOLS:%=$(B)/%)
+TOOL_BINS := $(TOOLS:%=$(B)/%) $(B)/kvhttp
 
 # Each tool links what it uses, not the daemon's $(LDLIBS): no liburing,
 # libsystemd or xxhash, none of the CUDA libraries, no RUNPATH into CUDA.
@@ -19,6 +19,12 @@ $(B)/tools/kvc_example.o: $(KVC_INC_HDRS)
 $(B)/kvctl $(B)/kvbench $(B)/kvtop: $(B)/tools/common.o
 $(B)/kvbench: $(B)/tools/bench_results.o
 $(B)/kvctl: $(B)/tools/turn.o
+
+# kvhttp, the OpenAI-compatible HTTP front: libmicrohttpd and jansson (Debian's), threads.
+KVHTTP_OBJS := $(patsubst %.c,$(B)/%.o,$(wildcard tools/kvhttp/*.c))
+# /metrics prints what kvtop --prometheus does (tools/snap.c), so it reads the pinned maps too.
+$(B)/kvhttp: $(KVHTTP_OBJS) $(B)/tools/common.o $(B)/tools/snap.o $(B)/bpf/kvd_pin.o $(B)/libkvclient.a
+	$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(filter %.a,$^) -lmicrohttpd -ljansson -lbpf -lm -pthread
 
 all: $(TOOL_BINS)
 
@@ -40,6 +46,6 @@ ifneq ($(CUDA_SO),)
 endif
 
 # kvtop reads the pinned BPF maps and can load the programs itself (--attach).
-$(B)/kvtop: $(BPF_LIB)
+$(B)/kvtop: $(BPF_LIB) $(B)/tools/snap.o
 $(B)/kvtop: TOOLS_LDLIBS += -lm $(BPF_LIBS)
 $(B)/tools/kvtop.o: $(B)/bpf/kvd.skel.h

@@ -72,7 +72,10 @@
 #define KVD_FEAT_PLAIN_TEXT    (1U << 7) /* KVD_SQE_PLAIN / KVD_SQE_SPECIAL choose how text is read */
 #define KVD_FEAT_SYSTEM        (1U << 8) /* CHAT prompts may carry a system message */
 #define KVD_FEAT_PROGRESS      (1U << 9) /* KVD_SQE_PROGRESS: prefill progress CQEs */
-#define KVD_FEAT_ALL           ((1U << 10) - 1)
+#define KVD_FEAT_MESSAGES      (1U << 10) /* KVD_SQE_MESSAGES: a whole conversation as a chat prompt */
+#define KVD_FEAT_LOGPROBS      (1U << 11) /* KVD_SQE_LOGPROBS: per-token log-probabilities */
+#define KVD_FEAT_PENALTIES     (1U << 12) /* presence/frequency penalties (OpenAI's) */
+#define KVD_FEAT_ALL           ((1U << 13) - 1)
 
 /* ------------------------------------------------------------------------ */
 /* Control messages: one per SOCK_SEQPACKET datagram, requests and replies. */
@@ -316,6 +319,44 @@ struct kvd_ring_hdr {
  * they all precede a GENERATE's tokens. They wait in the daemon when the
  * CQ is full and count toward back-pressure, like streamed tokens.
  *
+ * Message lists (KVD_SQE_TEXT | KVD_SQE_CHAT | KVD_SQE_MESSAGES): the n_tokens
+ * bytes at tokens_off are a whole conversation, records one after the
+ * other with no padding: a struct kvd_chat_msg (8 bytes: role, zero resv,
+ * len), then len bytes of UTF-8 content, then the next record. At least
+ * one and at most KVD_CHAT_MAX_MSGS records that fill the n_tokens bytes
+ * exactly; role a KVD_ROLE_*; content well-formed UTF-8 without NUL (may
+ * be empty); anything else is -EINVAL, and so are messages the template
+ * refuses (its raise_exception(), e.g. roles out of order): that request
+ * alone fails. They are rendered with the model's chat template in order,
+ * then the assistant's opening unless KVD_SQE_NO_GEN_PROMPT (OpenAI's
+ * add_generation_prompt), with the same marker/text rule as CHAT (the
+ * content is plain text unless SPECIAL). Without APPEND the list is the
+ * whole conversation (BOS first if the model wants one; the template's
+ * default system prompt if the list has no system message), so successive
+ * requests of one conversation share their rendered prefix and the prefix
+ * cache finds it; with APPEND it is the next turn(s) after the slot's
+ * conversation, as for CHAT (NO_GEN_PROMPT with APPEND: -EINVAL). A
+ * system message (system_len) with MESSAGES is -EINVAL: it goes in the list.
+ *
+ * Log-probabilities (KVD_SQE_LOGPROBS, DECODE/GENERATE only, else -EINVAL):
+ * for sampled token i, the daemon writes 1 + top_logprobs struct
+ * kvd_logprob at logprobs_off + i * 8 * (1 + top_logprobs) before the CQE
+ * that reports the token: first the sampled token itself, then the
+ * top_logprobs (0..KVD_MAX_TOP_LOGPROBS, else -EINVAL) most likely tokens,
+ * most likely first (equal ones lower id first). They are the model's raw
+ * next-token distribution, log-softmax of the logits, before any penalty,
+ * temperature or filter (what OpenAI and vLLM report by default), so they
+ * depend on that row's logits alone, whatever shares the step. The whole
+ * area (max_tokens records) must lie in the arena, 4-byte aligned
+ * (-EFAULT). Without LOGPROBS, logprobs_off and top_logprobs must be 0.
+ *
+ * Penalties (KVD_FEAT_PENALTIES): OpenAI's and vLLM's presence and frequency
+ * penalties, over the tokens this request has generated so far (not the
+ * prompt): logit[t] -= presence * (count[t] > 0) + frequency * count[t],
+ * after the repeat penalty and before temperature. presence_milli and
+ * frequency_milli are the penalties x 1000, in [-2000, 2000] (else -EINVAL);
+ * 0 is off.
+ *
  * Sampling: temperature_milli 0 is greedy; top_k 0, top_p_e4 0 or 10000,
  * min_p_e4 0, repeat_penalty_milli 0 or 1000 are off; repeat_last_n 0
  * means 64. The same seed and inputs give the same tokens, alone or
@@ -358,7 +399,14 @@ enum kvd_op {
 #define KVD_SQE_PROGRESS	(1U << 7) /* PREFILL/GENERATE (else -EINVAL): post KVD_CQE_PROGRESS
 					   * CQEs as the prompt is prefilled (at most one per engine
 					   * step; see "Prefill progress" above) */
-#define KVD_SQE_FLAGS_ALL	((1U << 8) - 1)
+#define KVD_SQE_MESSAGES	(1U << 8) /* with TEXT|CHAT: tokens_off/n_tokens hold a message list
+					   * (struct kvd_chat_msg records), not one user turn; see
+					   * "Message lists" above */
+#define KVD_SQE_NO_GEN_PROMPT	(1U << 9) /* with MESSAGES, without APPEND: no assistant opening after
+					   * the last message (add_generation_prompt false) */
+#define KVD_SQE_LOGPROBS	(1U << 10) /* DECODE/GENERATE: a struct kvd_logprob record per sampled
+					   * token at logprobs_off; see "Log-probabilities" above */
+#define KVD_SQE_FLAGS_ALL	((1U << 11) - 1)
 
 /* kvd_sqe.priority */
 #define KVD_PRIO_INTERACTIVE	0
@@ -396,8 +444,43 @@ struct kvd_sqe {
 				 * APPEND (mid-conversation), plain text unless SPECIAL.
 				 * Nonzero without CHAT or on an opcode without a prompt:
 				 * -EINVAL; outside the arena: -EFAULT */
-	__u64	resv[7];	/* zero */
+	__u32	logprobs_off;	/* LOGPROBS: arena byte offset of the kvd_logprob records, 4-aligned */
+	__u8	top_logprobs;	/* LOGPROBS: alternatives per token, <= KVD_MAX_TOP_LOGPROBS */
+	__u8	resv1;		/* zero */
+	__s16	presence_milli;	/* presence penalty x 1000, -2000..2000; 0 off */
+	__s16	frequency_milli; /* frequency penalty x 1000, -2000..2000; 0 off */
+	__u16	resv2;		/* zero */
+	__u32	resv3;		/* zero */
+	__u64	resv[5];	/* zero */
 };
+
+/* One message of a KVD_SQE_MESSAGES list: this header, then len bytes of UTF-8. */
+struct kvd_chat_msg {
+	__u8	role;		/* KVD_ROLE_* */
+	__u8	resv[3];	/* zero */
+	__u32	len;		/* content bytes that follow (unaligned) */
+};
+
+enum kvd_role {
+	KVD_ROLE_SYSTEM = 1,
+	KVD_ROLE_USER = 2,
+	KVD_ROLE_ASSISTANT = 3,
+	KVD_ROLE_LAST
+};
+
+#define KVD_CHAT_MAX_MSGS	4096	/* records in one message list */
+
+/*
+ * One log-probability (KVD_SQE_LOGPROBS): logprob holds the bit pattern of
+ * an IEEE 754 binary32 (memcpy it into a float), natural log, <= 0; -inf
+ * for a token the model gives no probability.
+ */
+struct kvd_logprob {
+	__u32	token;
+	__u32	logprob;
+};
+
+#define KVD_MAX_TOP_LOGPROBS	20
 
 /* kvd_cqe.flags */
 #define KVD_CQE_MORE		(1U << 0) /* more CQEs of this request follow */

@@ -136,7 +136,23 @@ KVD_PIN(struct kvd_sqe, slot, 52);
 KVD_PIN(struct kvd_sqe, target_user_data, 56);
 KVD_PIN(struct kvd_sqe, system_off, 64);
 KVD_PIN(struct kvd_sqe, system_len, 68);
-KVD_PIN(struct kvd_sqe, resv, 72);
+KVD_PIN(struct kvd_sqe, logprobs_off, 72);
+KVD_PIN(struct kvd_sqe, top_logprobs, 76);
+KVD_PIN(struct kvd_sqe, resv1, 77);
+KVD_PIN(struct kvd_sqe, presence_milli, 78);
+KVD_PIN(struct kvd_sqe, frequency_milli, 80);
+KVD_PIN(struct kvd_sqe, resv2, 82);
+KVD_PIN(struct kvd_sqe, resv3, 84);
+KVD_PIN(struct kvd_sqe, resv, 88);
+
+KVD_PIN_SIZE(struct kvd_chat_msg, 8);
+KVD_PIN(struct kvd_chat_msg, role, 0);
+KVD_PIN(struct kvd_chat_msg, resv, 1);
+KVD_PIN(struct kvd_chat_msg, len, 4);
+
+KVD_PIN_SIZE(struct kvd_logprob, 8);
+KVD_PIN(struct kvd_logprob, token, 0);
+KVD_PIN(struct kvd_logprob, logprob, 4);
 
 KVD_PIN_SIZE(struct kvd_cqe, 32);
 KVD_PIN(struct kvd_cqe, user_data, 0);

@@ -1,4 +1,4 @@
-/* sampler.c — logits row to token: penalty, then greedy or temperature, top-k, top-p, min-p, draw. */
+/* sampler.c — logits row to token: penalties, then greedy or temperature, top-k, top-p, min-p, draw; and the row's log-probabilities. */
 #include "daemon/engine/sampler.h"
 
 #include <errno.h>
@@ -33,6 +33,12 @@ struct sampler {
 	uint32_t *mark;			/* (vocab,) penalty dedup: mark[id] == stamp once seen */
 	uint32_t stamp;
 	double bucket_w[SAMPLER_BUCKETS];	/* top-p: weight per x bucket */
+	uint32_t *count;		/* (vocab,) presence/frequency: times each id was returned */
+	uint32_t *seen;			/* (n_seen,) the ids returned, each once */
+	uint32_t n_seen;
+	float *raw;			/* (vocab,) logprobs: the row before the penalties */
+	struct sampler_logprob lp[1 + SAMPLER_MAX_TOP];	/* the last pick's, sampler_logprobs() */
+	uint32_t n_lp;
 };
 
 static uint64_t splitmix64(uint64_t *x)
@@ -80,6 +86,10 @@ void sampler_params_default(struct sampler_params *p)
 	p->repeat_penalty = 1.0f;
 	p->repeat_last_n = 64;
 	p->seed = 0;
+	p->presence_penalty = 0.0f;
+	p->frequency_penalty = 0.0f;
+	p->logprobs = 0;
+	p->top_logprobs = 0;
 }
 
 /* A knob is usable when finite and in [0, hi]; NaN is not finite. */
@@ -105,6 +115,11 @@ int sampler_create(struct sampler **out, const struct sampler_params *p, uint32_
 	if (!sampler_knob_ok(p->temperature, FLT_MAX) || !sampler_knob_ok(p->top_p, 1.0f) ||
 	    !sampler_knob_ok(p->min_p, 1.0f) || !sampler_knob_ok(p->repeat_penalty, FLT_MAX))
 		return -EINVAL;
+	/* OpenAI's range; negative ones encourage repeats, as there. */
+	if (!(fabsf(p->presence_penalty) <= 2.0f) || !(fabsf(p->frequency_penalty) <= 2.0f) ||
+	    p->top_logprobs > SAMPLER_MAX_TOP || p->top_logprobs > vocab ||
+	    (p->top_logprobs && !p->logprobs))
+		return -EINVAL;
 
 	s = calloc(1, sizeof(*s));
 	if (!s)
@@ -115,6 +130,14 @@ int sampler_create(struct sampler **out, const struct sampler_params *p, uint32_
 	s->mark = calloc(vocab, sizeof(*s->mark));
 	if (!s->mark)
 		goto err_free_cand;
+	if (p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f) {
+		s->count = calloc(vocab, sizeof(*s->count));
+		s->seen = malloc((size_t)vocab * sizeof(*s->seen));
+		if (!s->count || !s->seen)
+			goto err_free_extra;
+	}
+	if (p->logprobs && !(s->raw = malloc((size_t)vocab * sizeof(*s->raw))))
+		goto err_free_extra;
 
 	s->p = *p;
 	s->vocab = vocab;
@@ -124,6 +147,10 @@ int sampler_create(struct sampler **out, const struct sampler_params *p, uint32_
 	*out = s;
 	return 0;
 
+err_free_extra:
+	free(s->count);
+	free(s->seen);
+	free(s->mark);
 err_free_cand:
 	free(s->cand);
 err_free_s:
@@ -135,9 +162,88 @@ void sampler_destroy(struct sampler *s)
 {
 	if (!s)
 		return;
+	free(s->raw);
+	free(s->seen);
+	free(s->count);
 	free(s->mark);
 	free(s->cand);
 	free(s);
+}
+
+/*
+ * OpenAI's and vLLM's presence/frequency penalties over the sampler's own
+ * picks: subtracted, whatever the logit's sign (unlike the repeat penalty).
+ */
+static void sampler_penalize_output(struct sampler *s, float *logits)
+{
+	for (uint32_t i = 0; i < s->n_seen; i++) {
+		uint32_t t = s->seen[i];
+
+		logits[t] -= s->p.presence_penalty + s->p.frequency_penalty * (float)s->count[t];
+	}
+}
+
+static void sampler_note_pick(struct sampler *s, uint32_t tok)
+{
+	if (!s->count)
+		return;
+	if (s->count[tok]++ == 0)
+		s->seen[s->n_seen++] = tok;	/* at most vocab distinct ids */
+}
+
+/* Larger logit first, lower id among equals; NaN as -inf. */
+static inline int lp_before(float a, uint32_t ia, float b, uint32_t ib)
+{
+	return a > b || (a == b && ia < ib);
+}
+
+double sampler_log_softmax_top(const float *logits, uint32_t vocab, uint32_t k,
+			       struct sampler_logprob *top)
+{
+	float m = -INFINITY;
+	uint32_t n = 0, i, j;
+
+	for (i = 0; i < vocab; i++) {
+		float x = isnan(logits[i]) ? -INFINITY : logits[i];
+
+		m = x > m ? x : m;
+		if (!k || (n == k && !lp_before(x, i, top[k - 1].logprob, top[k - 1].id)))
+			continue;
+		/* Insertion into the k best so far (k <= 20: a sorted array beats a heap). */
+		j = n < k ? n++ : k - 1;
+		for (; j > 0 && lp_before(x, i, top[j - 1].logprob, top[j - 1].id); j--)
+			top[j] = top[j - 1];
+		top[j] = (struct sampler_logprob){ i, x };
+	}
+	if (m == -INFINITY) {
+		for (i = 0; i < n; i++)
+			top[i].logprob = -INFINITY;
+		return INFINITY;	/* no distribution: every logprob -inf */
+	}
+	double sum = 0.0;
+
+	/* expf summed in double: float's rounding per term, none in the sum (exp() costs 3x). */
+	for (i = 0; i < vocab; i++)
+		if (!isnan(logits[i]))
+			sum += expf(logits[i] - m);
+	double norm = (double)m + log(sum);
+
+	for (i = 0; i < n; i++)
+		top[i].logprob = (float)((double)top[i].logprob - norm);
+	return norm;
+}
+
+static float lp_of(const float *raw, uint32_t tok, double norm)
+{
+	if (isnan(raw[tok]) || norm == INFINITY)
+		return -INFINITY;
+	return (float)((double)raw[tok] - norm);
+}
+
+uint32_t sampler_logprobs(const struct sampler *s, const struct sampler_logprob **out)
+{
+	*out = s->lp;
+	return s->n_lp;
 }
 
 /*
@@ -352,8 +458,8 @@ static uint32_t sampler_top_p(struct sampler *s, uint32_t n, double total)
 	return head + cand_select_mass(c + head, mid - head, target - above);
 }
 
-uint32_t sampler_sample(struct sampler *s, float *logits, const uint32_t *history,
-			size_t n_history)
+static uint32_t sampler_pick(struct sampler *s, float *logits, const uint32_t *history,
+			     size_t n_history)
 {
 	const struct sampler_params *p = &s->p;
 	struct sampler_cand *c = s->cand;
@@ -366,6 +472,7 @@ uint32_t sampler_sample(struct sampler *s, float *logits, const uint32_t *histor
 	u = sampler_rng_unit(s);
 
 	sampler_penalize(s, logits, history, n_history);
+	sampler_penalize_output(s, logits);
 	best = sampler_argmax(logits, vocab, &max);
 	if (p->temperature <= 0.0f || p->top_k == 1 || !isfinite(max))
 		return best;
@@ -433,4 +540,24 @@ uint32_t sampler_sample(struct sampler *s, float *logits, const uint32_t *histor
 		if (c[i].w > 0.0f)
 			return c[i].id;
 	return best;
+}
+
+uint32_t sampler_sample(struct sampler *s, float *logits, const uint32_t *history,
+			size_t n_history)
+{
+	double norm = 0.0;
+	uint32_t tok;
+
+	/* The raw row, before the penalties change it in place. */
+	if (s->p.logprobs) {
+		memcpy(s->raw, logits, (size_t)s->vocab * sizeof(*logits));
+		norm = sampler_log_softmax_top(logits, s->vocab, s->p.top_logprobs, s->lp + 1);
+	}
+	tok = sampler_pick(s, logits, history, n_history);
+	sampler_note_pick(s, tok);
+	if (s->p.logprobs) {
+		s->lp[0] = (struct sampler_logprob){ tok, lp_of(s->raw, tok, norm) };
+		s->n_lp = 1 + s->p.top_logprobs;
+	}
+	return tok;
 }

@@ -11,6 +11,7 @@
 #include "daemon/probes.h"
 #include "daemon/engine/sampler.h"
 #include "daemon/serve/admit.h"
+#include "daemon/serve/msglist.h"
 #include "daemon/serve/server.h"
 #include "daemon/tokenizer/tokenizer.h"
 #include "uapi/kvd_pins.h"
@@ -26,11 +27,12 @@ int validate_sqe_op(const struct kvd_sqe *q)
 {
 	static const __u64 resv_zero[sizeof(q->resv) / sizeof(q->resv[0])];
 	if (q->opcode >= KVD_OP_LAST || (q->flags & ~KVD_SQE_FLAGS_ALL) ||
-	    q->priority > KVD_PRIO_BACKGROUND || memcmp(q->resv, resv_zero, sizeof(q->resv)))
+	    q->priority > KVD_PRIO_BACKGROUND || memcmp(q->resv, resv_zero, sizeof(q->resv)) ||
+	    q->resv1 || q->resv2 || q->resv3)
 		return -EINVAL;
 	/* How a prompt is read means nothing to an op without one: refused, so it can mean something later. */
 	const uint32_t prompt_flags = KVD_SQE_TEXT | KVD_SQE_CHAT | KVD_SQE_PLAIN | KVD_SQE_SPECIAL |
-				      KVD_SQE_PROGRESS;
+				      KVD_SQE_PROGRESS | KVD_SQE_MESSAGES | KVD_SQE_NO_GEN_PROMPT;
 	int has_prompt = q->opcode == KVD_OP_PREFILL || q->opcode == KVD_OP_GENERATE;
 	if (!has_prompt && ((q->flags & prompt_flags) || q->system_off || q->system_len))
 		return -EINVAL;
@@ -40,12 +42,18 @@ int validate_sqe_op(const struct kvd_sqe *q)
 /*
  * How a prompt is read: PLAIN and SPECIAL only with TEXT and not together,
  * PROGRESS and a system message only with a prompt, the system message only
- * with CHAT and inside the arena. 0, -EINVAL or -EFAULT.
+ * with CHAT and inside the arena, MESSAGES only with CHAT and without a
+ * system message (it goes in the list), NO_GEN_PROMPT only with MESSAGES
+ * and without APPEND. 0, -EINVAL or -EFAULT.
  */
 static int validate_text(const struct kvd_sqe *q, uint32_t arena_bytes, int has_prompt)
 {
 	uint32_t f = q->flags;
 	if ((f & (KVD_SQE_PLAIN | KVD_SQE_SPECIAL)) && !(f & KVD_SQE_TEXT))
+		return -EINVAL;
+	if ((f & KVD_SQE_MESSAGES) && (!(f & KVD_SQE_CHAT) || q->system_len || q->system_off))
+		return -EINVAL;
+	if ((f & KVD_SQE_NO_GEN_PROMPT) && (!(f & KVD_SQE_MESSAGES) || (f & KVD_SQE_APPEND)))
 		return -EINVAL;
 	if ((f & KVD_SQE_PLAIN) && (f & KVD_SQE_SPECIAL))
 		return -EINVAL;
@@ -56,6 +64,21 @@ static int validate_text(const struct kvd_sqe *q, uint32_t arena_bytes, int has_
 	if (!has_prompt || !(f & KVD_SQE_CHAT))
 		return -EINVAL;
 	return range_ok(arena_bytes, q->system_off, q->system_len, 1) ? 0 : -EFAULT;
+}
+
+/*
+ * LOGPROBS only where tokens are sampled, at most KVD_MAX_TOP_LOGPROBS
+ * alternatives, its records (max_tokens of them) inside the arena;
+ * without it, its fields zero. 0, -EINVAL or -EFAULT.
+ */
+static int validate_logprobs(const struct kvd_sqe *q, uint32_t arena_bytes, int has_out)
+{
+	if (!(q->flags & KVD_SQE_LOGPROBS))
+		return q->logprobs_off || q->top_logprobs ? -EINVAL : 0;
+	if (!has_out || q->top_logprobs > KVD_MAX_TOP_LOGPROBS || !q->max_tokens)
+		return -EINVAL;
+	uint64_t bytes = (uint64_t)q->max_tokens * sizeof(struct kvd_logprob) * (1u + q->top_logprobs);
+	return range_ok(arena_bytes, q->logprobs_off, bytes, 4) ? 0 : -EFAULT;
 }
 
 int validate_sqe(const struct kvd_sqe *q, uint32_t arena_bytes)
@@ -74,6 +97,13 @@ int validate_sqe(const struct kvd_sqe *q, uint32_t arena_bytes)
 		return rc;
 	if (q->top_p_e4 > 10000 || q->min_p_e4 > 10000)
 		return -EINVAL;
+	/* OpenAI's range for both penalties, -2..2. */
+	if (q->presence_milli < -2000 || q->presence_milli > 2000 || q->frequency_milli < -2000 ||
+	    q->frequency_milli > 2000)
+		return -EINVAL;
+	rc = validate_logprobs(q, arena_bytes, has_out);
+	if (rc)
+		return rc;
 	if (has_prompt && q->n_tokens == 0)
 		return -EINVAL;
 	if (has_prompt && !range_ok(arena_bytes, q->tokens_off, text ? q->n_tokens : 4ull * q->n_tokens,
@@ -108,13 +138,14 @@ static int read_text(const struct conn *c, uint32_t off, uint32_t len, char **ou
  * SPECIAL.
  */
 static int encode_text(const struct tokenizer *tok, const struct kvd_sqe *q, const char *text,
-		       const char *sys, uint32_t **out, uint32_t *n)
+		       const char *sys, const struct msglist *ml, uint32_t **out, uint32_t *n)
 {
 	const struct chat_msg m[2] = { { "system", sys }, { "user", text } };
-	const struct chat_msg *msgs = sys ? m : m + 1;
-	size_t n_msgs = sys ? 2 : 1;
+	const struct chat_msg *msgs = ml ? ml->msgs : sys ? m : m + 1;
+	size_t n_msgs = ml ? ml->n : sys ? 2 : 1;
 	unsigned flags = (q->flags & KVD_SQE_APPEND ? TOK_CHAT_NEXT_TURN : 0) |
-			 (q->flags & KVD_SQE_SPECIAL ? TOK_CHAT_SPECIAL : 0);
+			 (q->flags & KVD_SQE_SPECIAL ? TOK_CHAT_SPECIAL : 0) |
+			 (q->flags & KVD_SQE_NO_GEN_PROMPT ? TOK_CHAT_NO_GEN_PROMPT : 0);
 	int chat = (q->flags & KVD_SQE_CHAT) != 0, parse = !(q->flags & KVD_SQE_PLAIN);
 	int add_bos = !(q->flags & KVD_SQE_APPEND) && tokenizer_add_bos(tok);
 	size_t len = q->n_tokens;
@@ -137,16 +168,18 @@ static int encode_text(const struct tokenizer *tok, const struct kvd_sqe *q, con
 	return 0;
 }
 
-/* Text prompts are tokenized here, once. */
+/* Text prompts are tokenized here, once; a message list (ml) was read and checked already. */
 static int text_prompt(struct server *srv, struct conn *c, const struct kvd_sqe *q,
-		       uint32_t **out, uint32_t *n)
+		       const struct msglist *ml, uint32_t **out, uint32_t *n)
 {
 	char *text = NULL, *sys = NULL;
+	if (ml)
+		return encode_text(srv->tok, q, NULL, NULL, ml, out, n);
 	int rc = read_text(c, q->tokens_off, q->n_tokens, &text);
 	if (!rc && q->system_len)
 		rc = read_text(c, q->system_off, q->system_len, &sys);
 	if (!rc)
-		rc = encode_text(srv->tok, q, text, sys, out, n);
+		rc = encode_text(srv->tok, q, text, sys, NULL, out, n);
 	free(text);
 	free(sys);
 	return rc;
@@ -163,6 +196,11 @@ static int sampler_from_sqe(const struct kvd_sqe *q, uint32_t vocab, struct samp
 	p.repeat_penalty = q->repeat_penalty_milli ? (float)q->repeat_penalty_milli / 1000.0f : 1.0f;
 	p.repeat_last_n = q->repeat_last_n ? q->repeat_last_n : 64;
 	p.seed = q->seed;
+	p.presence_penalty = (float)q->presence_milli / 1000.0f;
+	p.frequency_penalty = (float)q->frequency_milli / 1000.0f;
+	_Static_assert(SAMPLER_MAX_TOP == KVD_MAX_TOP_LOGPROBS, "the sampler keeps what the ABI asks");
+	p.logprobs = (q->flags & KVD_SQE_LOGPROBS) != 0;
+	p.top_logprobs = q->top_logprobs;
 	return sampler_create(out, &p, vocab);
 }
 
@@ -194,6 +232,7 @@ struct taken {
 	int smp_rc;		/* the sampler */
 	uint32_t *prompt;	/* (n_prompt,) */
 	uint32_t n_prompt;
+	struct msglist ml;	/* KVD_SQE_MESSAGES: the list, checked */
 	struct sampler *smp;
 	uint32_t need;		/* -E2BIG: positions it needs, the CQE's aux */
 };
@@ -215,7 +254,8 @@ static int read_prompt(struct server *srv, struct conn *c, struct taken *t)
 {
 	const struct kvd_sqe *q = &t->q;
 	if (q->flags & KVD_SQE_TEXT) {
-		int rc = text_prompt(srv, c, q, &t->prompt, &t->n_prompt);
+		int rc = text_prompt(srv, c, q, q->flags & KVD_SQE_MESSAGES ? &t->ml : NULL, &t->prompt,
+				     &t->n_prompt);
 		if (rc)
 			return rc;
 	} else {
@@ -250,6 +290,18 @@ static uint32_t clamp_u32(uint64_t x)
 	return x > UINT32_MAX ? UINT32_MAX : (uint32_t)x;
 }
 
+/* A message list copied out of the arena once (validate_sqe() placed it inside), then checked. */
+static int read_msglist(const struct conn *c, const struct kvd_sqe *q, struct msglist *ml)
+{
+	uint8_t *buf = malloc(q->n_tokens);
+	if (!buf)
+		return -ENOMEM;
+	region_read(&c->rg, q->tokens_off, buf, q->n_tokens);
+	int rc = msglist_parse(buf, q->n_tokens, ml);
+	free(buf);
+	return rc;
+}
+
 /* Without the lock: only the engine thread reads this ring and arena. max_tokens: the limit now. */
 static void prepare(struct server *srv, struct conn *c, struct taken *t, uint32_t max_tokens)
 {
@@ -262,8 +314,14 @@ static void prepare(struct server *srv, struct conn *c, struct taken *t, uint32_
 		return;
 	uint32_t max_out = has_out(q) ? q->max_tokens : 0;
 	/* The system message counts: it is tokenized too. */
-	uint64_t least = text_min_positions((uint64_t)q->n_tokens + q->system_len, max_out,
-					    srv->max_token_bytes);
+	uint64_t text_bytes = (uint64_t)q->n_tokens + q->system_len;
+	if (q->flags & KVD_SQE_MESSAGES) {
+		t->prep_rc = read_msglist(c, q, &t->ml);
+		if (t->prep_rc)
+			return;
+		text_bytes = t->ml.content_bytes;	/* the records' headers are not tokenized */
+	}
+	uint64_t least = text_min_positions(text_bytes, max_out, srv->max_token_bytes);
 	if (has_prompt(q) && (q->flags & KVD_SQE_TEXT) && least > max_tokens) {
 		t->prep_rc = -E2BIG;
 		t->need = clamp_u32(least);
@@ -275,6 +333,7 @@ static void prepare(struct server *srv, struct conn *c, struct taken *t, uint32_
 
 static void taken_free(struct taken *t)
 {
+	msglist_free(&t->ml);
 	sampler_destroy(t->smp);
 	free(t->prompt);
 	memset(t, 0, sizeof(*t));

@@ -145,6 +145,11 @@ void region_put_token(struct region *rg, uint32_t off, uint32_t i, uint32_t tok)
 	((uint32_t *)(rg->arena + off))[i] = tok;
 }
 
+void region_write(struct region *rg, uint32_t off, const void *src, size_t n)
+{
+	memcpy(rg->arena + off, src, n);
+}
+
 /* ---- completions ---- */
 
 static int cq_push(struct region *rg, const struct kvd_cqe *cqe)

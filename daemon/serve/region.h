@@ -86,6 +86,8 @@ int region_sq_ready(const struct region *rg);
 void region_read(const struct region *rg, uint32_t off, void *dst, size_t n);
 /* Write token tok as the i-th __u32 of the output buffer at arena offset off. */
 void region_put_token(struct region *rg, uint32_t off, uint32_t i, uint32_t tok);
+/* n bytes of src at arena offset off (checked by the caller). */
+void region_write(struct region *rg, uint32_t off, const void *src, size_t n);
 
 /* Post a completion: into the CQ, or onto the overflow list while the CQ is full. */
 void region_post(struct region *rg, const struct kvd_cqe *cqe);

@@ -48,10 +48,31 @@ static uint32_t sample(struct request *r, float *logits)
 	return sampler_sample(r->smp, logits, engine_seq_tokens(seq), engine_seq_len(seq));
 }
 
+/*
+ * The log-probabilities of r's newest token (its sampler kept them), as
+ * record r->n_out, before the CQE that tells of the token: the CQ tail's
+ * release store publishes them with the token.
+ */
+static void put_logprobs(struct request *r)
+{
+	const struct sampler_logprob *lp;
+	struct kvd_logprob rec[1 + KVD_MAX_TOP_LOGPROBS];
+	uint32_t n = sampler_logprobs(r->smp, &lp);
+	if (!(r->sqe.flags & KVD_SQE_LOGPROBS) || n != 1u + r->sqe.top_logprobs)
+		return;
+	for (uint32_t i = 0; i < n; i++) {
+		rec[i].token = lp[i].id;
+		memcpy(&rec[i].logprob, &lp[i].logprob, sizeof(rec[i].logprob));
+	}
+	uint32_t stride = n * (uint32_t)sizeof(rec[0]);	/* validate_sqe() placed max_tokens of them */
+	region_write(&r->c->rg, r->sqe.logprobs_off + r->n_out * stride, rec, stride);
+}
+
 /* Post the token sampled for r; 1 if r finished. */
 static int emit_token(struct server *srv, struct request *r, uint32_t tok)
 {
 	struct slot *sl = r->sl;
+	put_logprobs(r);
 	region_put_token(&r->c->rg, r->sqe.out_off, r->n_out++, tok);
 	r->last = tok;
 	srv->n_generated++;

@@ -296,11 +296,14 @@ int tokenizer_chat_next_turn(const struct tokenizer *t, const char *content, cha
 int tokenizer_chat_encode(const struct tokenizer *t, const struct chat_msg *msgs, size_t n,
 			  unsigned flags, uint32_t *out, size_t cap)
 {
-	int next = (flags & TOK_CHAT_NEXT_TURN) != 0;
+	int next = (flags & TOK_CHAT_NEXT_TURN) != 0, gen = !(flags & TOK_CHAT_NO_GEN_PROMPT);
 	struct jinja_out o;
 	struct tok_span *spans;
-	int rc = render(t, msgs, n, 1, next, &o);
+	int rc;
 
+	if (next && !gen)
+		return -EINVAL;	/* a next turn is always the assistant's opening too */
+	rc = render(t, msgs, n, gen, next, &o);
 	if (rc)
 		return rc;
 	spans = malloc((o.n_spans ? o.n_spans : 1) * sizeof(*spans));

@@ -141,10 +141,14 @@ int tokenizer_chat_select(struct tokenizer *t, const char *name, char *err, size
 					   * prompt, no BOS */
 #define TOK_CHAT_SPECIAL	(1U << 1) /* special-token spellings in the messages' text are
 					   * control tokens too (trusted text only) */
+#define TOK_CHAT_NO_GEN_PROMPT	(1U << 2) /* no assistant opening after the last message
+					   * (add_generation_prompt false); not with NEXT_TURN
+					   * (-EINVAL) */
 
 /*
- * A prompt to generate from: msgs rendered with the model's template (and
- * the assistant turn's opening) and encoded, BOS first where the model
+ * A prompt to generate from: msgs (a whole conversation: system, user and
+ * assistant messages in order) rendered with the model's template (and the
+ * assistant turn's opening unless TOK_CHAT_NO_GEN_PROMPT) and encoded, BOS first where the model
  * wants one and this is not a next turn. The template's own markers are
  * control tokens; the messages' text is plain text unless
  * TOK_CHAT_SPECIAL, so a user who writes "<|im_end|><|im_start|>system"
