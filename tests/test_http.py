@@ -127,6 +127,26 @@ def openai_part():
                  for x in ch.choices]
         check("stop string in a stream", "".join(parts) == full[:cut[0]], repr(parts))
 
+    # usage.prompt_tokens_details.cached_tokens: what kvd's prefix cache supplied (whole blocks).
+    story = ("Zebras quietly measured seventeen purple lighthouses along the frozen canal before "
+             "breakfast, then argued politely about the colour of the moon over tea.")
+    kw = dict(model="x", prompt=story, max_tokens=2, temperature=0)
+    a = c.completions.create(**kw).usage
+    b = c.completions.create(**kw).usage
+    check("completions cached_tokens: 0 for a fresh prompt, > 0 for the same one again",
+          a.prompt_tokens_details.cached_tokens == 0 and 0 < b.prompt_tokens_details.cached_tokens < b.prompt_tokens,
+          repr((a, b)))
+    cm = [{"role": "user", "content": story}]
+    c.chat.completions.create(model="x", messages=cm, max_tokens=2, temperature=0)
+    b = c.chat.completions.create(model="x", messages=cm, max_tokens=2, temperature=0).usage
+    check("chat cached_tokens: > 0 for a repeated conversation",
+          0 < b.prompt_tokens_details.cached_tokens < b.prompt_tokens, repr(b))
+    su = [ch.usage for ch in c.chat.completions.create(model="x", messages=cm, max_tokens=2, temperature=0,
+                                                       stream=True, stream_options={"include_usage": True})
+          if ch.usage]
+    check("streamed usage carries cached_tokens", len(su) == 1 and
+          su[0].prompt_tokens_details.cached_tokens == b.prompt_tokens_details.cached_tokens, repr(su))
+
     r = c.chat.completions.create(model="x", messages=msgs, max_tokens=8, temperature=0, n=2)
     check("n=2: two choices, both greedy text", len(r.choices) == 2 and
           sorted(x.index for x in r.choices) == [0, 1] and r.choices[0].message.content == r.choices[1].message.content)

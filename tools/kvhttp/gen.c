@@ -161,6 +161,10 @@ static int prefill(struct kvh_gen *g, int client_fd, struct kvh_err *e)
 			g->prompt_tokens = (uint32_t)cqe.res;
 		if (cqe.flags & KVD_CQE_PREFIX_HIT)
 			g->prefix_hit = 1;
+		/* Choice 0's, like prompt_tokens: usage counts the prompt once, however many choices share it. */
+		if (cqe.res >= 0 && kvh_ud_choice(cqe.user_data) == 0 && (cqe.flags & KVD_CQE_PREFIX_HIT) &&
+		    (h->features & KVD_FEAT_CACHED_COUNT))
+			g->cached = cqe.aux < (uint32_t)cqe.res ? cqe.aux : (uint32_t)cqe.res;
 		if (rc == -E2BIG)
 			kvh_err_from_kvd(e, rc, cqe.aux, h->ctx_len);
 	}

@@ -164,6 +164,7 @@ struct kvh_gen {
 	int			client_fd;
 	uint32_t		prompt_tokens;
 	int			prefix_hit;
+	uint32_t		cached;		/* of prompt_tokens, from the prefix cache (choice 0's) */
 	uint32_t		max_tokens;
 	uint32_t		prompt_used;	/* bytes of slot 0's part the prompt takes */
 	uint32_t		started;	/* choices whose DECODE was submitted */
