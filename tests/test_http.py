@@ -200,6 +200,46 @@ def openai_part():
         check("max_tokens over the context: 400 context_length_exceeded", "context_length_exceeded" in str(e), str(e))
 
 
+def metrics():
+    """GET /metrics as {series with labels: value}."""
+    out = {}
+    r = raw(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    for line in r.split(b"\r\n\r\n", 1)[-1].decode(errors="replace").splitlines():
+        if line and not line.startswith("#"):
+            k, _, v = line.rpartition(" ")
+            try:
+                out[k] = float(v)
+            except ValueError:
+                pass
+    return out
+
+
+def metrics_part():
+    m0 = metrics()
+    names = ["kvd:time_to_first_token_seconds_count", "kvd:inter_token_latency_seconds_count",
+             "kvd:prompt_tokens_total", "kvd:generation_tokens_total",
+             'kvd:request_success_total{finished_reason="length"}', "kvd:kv_cache_usage_perc",
+             'kvd:time_to_first_token_seconds_bucket{le="0.001"}', 'kvd:time_to_first_token_seconds_bucket{le="2560"}',
+             'kvd:inter_token_latency_seconds_bucket{le="0.01"}', 'kvd:inter_token_latency_seconds_bucket{le="80"}',
+             'kvd:time_to_first_token_seconds_bucket{le="+Inf"}']
+    missing = [n for n in names if n not in m0]
+    check("/metrics has the kvd: series with vLLM's bucket bounds", not missing, repr(missing))
+    if missing:
+        return
+    r = post_raw("/v1/completions", json.dumps({"prompt": "Metrics, please:", "max_tokens": 4, "temperature": 0,
+                                                "ignore_eos": True}).encode())
+    u = (body_json(r) or {}).get("usage", {})
+    m1 = metrics()
+    d = {n: m1[n] - m0[n] for n in names}
+    check("/metrics counts grow after a request: TTFT 1, ITL 3, tokens, finished length",
+          status_of(r) == 200 and u.get("completion_tokens") == 4 and
+          d["kvd:time_to_first_token_seconds_count"] >= 1 and d["kvd:inter_token_latency_seconds_count"] >= 3 and
+          d["kvd:prompt_tokens_total"] >= u.get("prompt_tokens", 1) and d["kvd:generation_tokens_total"] >= 4 and
+          d['kvd:request_success_total{finished_reason="length"}'] >= 1 and
+          m1["kvd:time_to_first_token_seconds_sum"] > m0["kvd:time_to_first_token_seconds_sum"] and
+          0 <= m1["kvd:kv_cache_usage_perc"] <= 1, repr((d, u)))
+
+
 def raw_part():
     r = post_raw("/v1/chat/completions", b"{not json")
     j = body_json(r)
@@ -293,5 +333,6 @@ if __name__ == "__main__":
     if part in ("all", "openai"):
         openai_part()
     if part in ("all", "raw"):
+        metrics_part()
         raw_part()
     sys.exit(1 if fails else 0)
