@@ -1,4 +1,4 @@
-/* test_daemon_abi.c — a real kvd serving the prompt ABI: plain text and special tokens, system messages, message lists, log-probabilities, penalties, prefill progress, the shutdown mark, -E2BIG's positions. */
+/* test_daemon_abi.c — a real kvd serving the prompt ABI: plain text and special tokens, system messages, message lists, log-probabilities, penalties, cached-prompt counts, prefill progress, the shutdown mark, -E2BIG's positions. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -599,6 +599,53 @@ static void test_messages_prefix_shared(void **state)
 	wire_close(&r);
 }
 
+static const char FOX_PROMPT[] =
+	"The quick brown fox jumps over the lazy dog while the cat watches from the "
+	"window and the rain keeps falling on the old tin roof of the barn.";
+
+/*
+ * KVD_FEAT_CACHED_COUNT: a fresh prompt reports no reuse; the same prompt on
+ * a new slot reports, on its final CQE, the positions the prefix cache
+ * supplied (whole blocks, what STATS counted), PREFILL and GENERATE alike.
+ */
+static void test_cached_count(void **state)
+{
+	(void)state;
+	need_daemon();
+	struct wire r;
+	assert_int_equal(wire_open(&r, D.sock, 0, 0), 0);
+	assert_true(r.hello.features & KVD_FEAT_CACHED_COUNT);
+	uint32_t bt = r.hello.kv_block_tokens;
+	struct kvd_cqe fin;
+	struct kvd_sqe q = text_prefill(&r, 1, 0, FOX_PROMPT, NULL, 0);
+	int32_t n = run(&r, &q, &fin);
+	assert_true((uint32_t)n > bt);	/* a full block to share */
+	assert_int_equal(fin.flags & KVD_CQE_PREFIX_HIT, 0);
+	assert_int_equal(fin.aux, 0);
+	uint64_t h0 = hits(&r);
+	q = text_prefill(&r, 2, 1, FOX_PROMPT, NULL, 0);
+	assert_int_equal(run(&r, &q, &fin), n);
+	assert_true(fin.flags & KVD_CQE_PREFIX_HIT);
+	if (fin.aux == 0 || fin.aux >= (uint32_t)n || fin.aux % bt)
+		fail_msg("cached %u of %d positions (blocks of %u)", fin.aux, n, bt);
+	assert_int_equal(hits(&r) - h0, fin.aux);
+	uint32_t cached = fin.aux;
+	/* A GENERATE says it too, on its final CQE only. */
+	q = text_prefill(&r, 3, 2, FOX_PROMPT, NULL, 0);
+	q.opcode = KVD_OP_GENERATE;
+	q.out_off = OUT_OFF;
+	q.max_tokens = 3;
+	assert_true(run(&r, &q, &fin) > 0);
+	assert_true(fin.flags & KVD_CQE_PREFIX_HIT);
+	assert_int_equal(fin.aux, cached);
+	/* A different prompt on a fresh slot: nothing reused. */
+	q = text_prefill(&r, 4, 3, "Completely unrelated words about sailing ships and distant harbours.", NULL, 0);
+	assert_true(run(&r, &q, &fin) > 0);
+	assert_int_equal(fin.flags & KVD_CQE_PREFIX_HIT, 0);
+	assert_int_equal(fin.aux, 0);
+	wire_close(&r);
+}
+
 /* A hostile list fails alone, with -EINVAL, and the next good one runs. */
 static void test_messages_hostile(void **state)
 {
@@ -882,6 +929,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_e2big_context, setup_whole_ctx, teardown),
 		cmocka_unit_test_setup_teardown(test_messages_conversation, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_messages_prefix_shared, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_cached_count, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_messages_hostile, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_messages_template_raises, setup_llama2, teardown),
 		cmocka_unit_test(test_msglist_parse),

@@ -127,6 +127,26 @@ def openai_part():
                  for x in ch.choices]
         check("stop string in a stream", "".join(parts) == full[:cut[0]], repr(parts))
 
+    # usage.prompt_tokens_details.cached_tokens: what kvd's prefix cache supplied (whole blocks).
+    story = ("Zebras quietly measured seventeen purple lighthouses along the frozen canal before "
+             "breakfast, then argued politely about the colour of the moon over tea.")
+    kw = dict(model="x", prompt=story, max_tokens=2, temperature=0)
+    a = c.completions.create(**kw).usage
+    b = c.completions.create(**kw).usage
+    check("completions cached_tokens: 0 for a fresh prompt, > 0 for the same one again",
+          a.prompt_tokens_details.cached_tokens == 0 and 0 < b.prompt_tokens_details.cached_tokens < b.prompt_tokens,
+          repr((a, b)))
+    cm = [{"role": "user", "content": story}]
+    c.chat.completions.create(model="x", messages=cm, max_tokens=2, temperature=0)
+    b = c.chat.completions.create(model="x", messages=cm, max_tokens=2, temperature=0).usage
+    check("chat cached_tokens: > 0 for a repeated conversation",
+          0 < b.prompt_tokens_details.cached_tokens < b.prompt_tokens, repr(b))
+    su = [ch.usage for ch in c.chat.completions.create(model="x", messages=cm, max_tokens=2, temperature=0,
+                                                       stream=True, stream_options={"include_usage": True})
+          if ch.usage]
+    check("streamed usage carries cached_tokens", len(su) == 1 and
+          su[0].prompt_tokens_details.cached_tokens == b.prompt_tokens_details.cached_tokens, repr(su))
+
     r = c.chat.completions.create(model="x", messages=msgs, max_tokens=8, temperature=0, n=2)
     check("n=2: two choices, both greedy text", len(r.choices) == 2 and
           sorted(x.index for x in r.choices) == [0, 1] and r.choices[0].message.content == r.choices[1].message.content)
@@ -178,6 +198,46 @@ def openai_part():
         bad("max_tokens over the context: 400", "accepted")
     except openai.BadRequestError as e:
         check("max_tokens over the context: 400 context_length_exceeded", "context_length_exceeded" in str(e), str(e))
+
+
+def metrics():
+    """GET /metrics as {series with labels: value}."""
+    out = {}
+    r = raw(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    for line in r.split(b"\r\n\r\n", 1)[-1].decode(errors="replace").splitlines():
+        if line and not line.startswith("#"):
+            k, _, v = line.rpartition(" ")
+            try:
+                out[k] = float(v)
+            except ValueError:
+                pass
+    return out
+
+
+def metrics_part():
+    m0 = metrics()
+    names = ["kvd:time_to_first_token_seconds_count", "kvd:inter_token_latency_seconds_count",
+             "kvd:prompt_tokens_total", "kvd:generation_tokens_total",
+             'kvd:request_success_total{finished_reason="length"}', "kvd:kv_cache_usage_perc",
+             'kvd:time_to_first_token_seconds_bucket{le="0.001"}', 'kvd:time_to_first_token_seconds_bucket{le="2560"}',
+             'kvd:inter_token_latency_seconds_bucket{le="0.01"}', 'kvd:inter_token_latency_seconds_bucket{le="80"}',
+             'kvd:time_to_first_token_seconds_bucket{le="+Inf"}']
+    missing = [n for n in names if n not in m0]
+    check("/metrics has the kvd: series with vLLM's bucket bounds", not missing, repr(missing))
+    if missing:
+        return
+    r = post_raw("/v1/completions", json.dumps({"prompt": "Metrics, please:", "max_tokens": 4, "temperature": 0,
+                                                "ignore_eos": True}).encode())
+    u = (body_json(r) or {}).get("usage", {})
+    m1 = metrics()
+    d = {n: m1[n] - m0[n] for n in names}
+    check("/metrics counts grow after a request: TTFT 1, ITL 3, tokens, finished length",
+          status_of(r) == 200 and u.get("completion_tokens") == 4 and
+          d["kvd:time_to_first_token_seconds_count"] >= 1 and d["kvd:inter_token_latency_seconds_count"] >= 3 and
+          d["kvd:prompt_tokens_total"] >= u.get("prompt_tokens", 1) and d["kvd:generation_tokens_total"] >= 4 and
+          d['kvd:request_success_total{finished_reason="length"}'] >= 1 and
+          m1["kvd:time_to_first_token_seconds_sum"] > m0["kvd:time_to_first_token_seconds_sum"] and
+          0 <= m1["kvd:kv_cache_usage_perc"] <= 1, repr((d, u)))
 
 
 def raw_part():
@@ -273,5 +333,6 @@ if __name__ == "__main__":
     if part in ("all", "openai"):
         openai_part()
     if part in ("all", "raw"):
+        metrics_part()
         raw_part()
     sys.exit(1 if fails else 0)

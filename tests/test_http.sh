@@ -82,7 +82,7 @@ if echo "$out" | grep -q '"chat.completion"' && echo "$out" | grep -q '"completi
 else
 	bad "curl chat completion: $out"
 fi
-if curl -s "$url/metrics" | grep -q '^vllm:generation_tokens_total [1-9]'; then
+if curl -s "$url/metrics" | grep -q '^kvd:generation_tokens_total [1-9]'; then
 	ok "GET /metrics counts generated tokens"
 else
 	bad "GET /metrics"

@@ -75,7 +75,8 @@
 #define KVD_FEAT_MESSAGES      (1U << 10) /* KVD_SQE_MESSAGES: a whole conversation as a chat prompt */
 #define KVD_FEAT_LOGPROBS      (1U << 11) /* KVD_SQE_LOGPROBS: per-token log-probabilities */
 #define KVD_FEAT_PENALTIES     (1U << 12) /* presence/frequency penalties (OpenAI's) */
-#define KVD_FEAT_ALL           ((1U << 13) - 1)
+#define KVD_FEAT_CACHED_COUNT  (1U << 13) /* PREFIX_HIT + aux: prompt positions the prefix cache supplied */
+#define KVD_FEAT_ALL           ((1U << 14) - 1)
 
 /* ------------------------------------------------------------------------ */
 /* Control messages: one per SOCK_SEQPACKET datagram, requests and replies. */
@@ -487,7 +488,9 @@ struct kvd_logprob {
 #define KVD_CQE_EOS		(1U << 1) /* stopped at an end-of-sequence token */
 #define KVD_CQE_LENGTH		(1U << 2) /* stopped at max_tokens or the context length */
 #define KVD_CQE_CANCELLED	(1U << 3) /* stopped by CANCEL or session close */
-#define KVD_CQE_PREFIX_HIT	(1U << 4) /* part of the prompt came from the prefix cache */
+#define KVD_CQE_PREFIX_HIT	(1U << 4) /* part of the prompt came from the prefix cache: on the
+					   * final CQE (res >= 0) of a PREFILL or GENERATE, aux =
+					   * how many positions it supplied (KVD_FEAT_CACHED_COUNT) */
 #define KVD_CQE_SHUTDOWN	(1U << 5) /* with CANCELLED: the daemon is shutting down (its drain
 					   * deadline passed), not a CANCEL or session close (res =
 					   * tokens produced, as for a cancel); a request a CANCEL
@@ -513,7 +516,9 @@ struct kvd_cqe {
 				 * prompt + max_tokens alone (what the slot holds does not
 				 * count toward it), for a text prompt too long to tokenize
 				 * a lower bound of that. aux > ctx_len: the context was
-				 * exceeded, else max_tokens. Else 0 */
+				 * exceeded, else max_tokens. PREFIX_HIT (final CQE of a
+				 * PREFILL or GENERATE, res >= 0): positions of the prompt
+				 * the prefix cache supplied, not computed. Else 0 */
 };
 
 #endif /* _UAPI_KVD_H */

@@ -79,8 +79,14 @@ void release_request(struct server *srv, struct request *r, int32_t res, uint32_
 	sl->head = r->next;
 	if (!sl->head)
 		sl->tail = NULL;
+	uint32_t aux = r->aux;
+	/* KVD_FEAT_CACHED_COUNT: a prompt's reuse rides on its completion, never on an error's aux. */
+	if (res >= 0 && r->cached) {
+		flags |= KVD_CQE_PREFIX_HIT;
+		aux = r->cached;
+	}
 	KVD_PROBE(finish, r->id, r->c->uid, res, flags, r->n_out);
-	release_post(r->c, r->sqe.user_data, res, flags, r->last, r->n_out, r->sqe.slot, r->aux);
+	release_post(r->c, r->sqe.user_data, res, flags, r->last, r->n_out, r->sqe.slot, aux);
 	r->c->inflight--;
 	r->c->use->inflight--;
 	srv->n_requests++;

@@ -186,6 +186,12 @@ static int start(struct server *srv, struct request *r)
 	if (engine_seq_len(&sl->seq) == 0 && !srv->cfg.no_prefix_cache) {
 		int hit = engine_seq_attach_prefix(srv->eng, &sl->seq, r->prompt, r->n_prompt);
 		r->n_fed = hit > 0 ? (uint32_t)hit : 0;
+		/*
+		 * Only the first lookup counts: what a preempted request finds again
+		 * was computed for it, and a DECODE has no prompt to report on.
+		 */
+		if (q->opcode != KVD_OP_DECODE)
+			r->cached = r->n_fed;
 	}
 	r->phase = REQ_PREFILL;
 	return 0;

@@ -36,6 +36,7 @@ struct request {
 	uint32_t total;			/* positions of the sequence once the prompt is in */
 	uint32_t progress;		/* res of the last KVD_CQE_PROGRESS posted */
 	uint32_t aux;			/* the final CQE's aux: for -E2BIG, positions needed */
+	uint32_t cached;		/* PREFILL/GENERATE: positions the prefix cache supplied */
 	struct sampler *smp;
 	int cancelled;
 	int want_row;			/* index of its logits row in this step, or -1 */

@@ -8,6 +8,14 @@
 #include "tools/kvhttp/kvhttp.h"
 
 #define SLICE_MS	1000	/* waits are cut into slices; none has a deadline of its own */
+
+/* Seconds on CLOCK_MONOTONIC: what the latency histograms measure with. */
+static double mono_now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 #define END_SLICES	120	/* a cancel's completion: give up on a daemon silent for 2 min */
 #define KVH_UD_RESET	3
 
@@ -161,6 +169,10 @@ static int prefill(struct kvh_gen *g, int client_fd, struct kvh_err *e)
 			g->prompt_tokens = (uint32_t)cqe.res;
 		if (cqe.flags & KVD_CQE_PREFIX_HIT)
 			g->prefix_hit = 1;
+		/* Choice 0's, like prompt_tokens: usage counts the prompt once, however many choices share it. */
+		if (cqe.res >= 0 && kvh_ud_choice(cqe.user_data) == 0 && (cqe.flags & KVD_CQE_PREFIX_HIT) &&
+		    (h->features & KVD_FEAT_CACHED_COUNT))
+			g->cached = cqe.aux < (uint32_t)cqe.res ? cqe.aux : (uint32_t)cqe.res;
 		if (rc == -E2BIG)
 			kvh_err_from_kvd(e, rc, cqe.aux, h->ctx_len);
 	}
@@ -254,6 +266,7 @@ static int decode(struct kvh_gen *g, struct kvh_err *e)
 int kvh_gen_start(struct kvh_gen *g, const struct kvh_req *r, int client_fd, struct kvh_err *e)
 {
 	memset(g, 0, sizeof(*g));
+	g->t0 = mono_now();	/* before the lease: a wait for a free slot is part of the first token's time */
 	g->req = r;
 	g->client_fd = client_fd;
 	g->created = (long)time(NULL);
@@ -368,14 +381,32 @@ static void lp_take(struct kvh_gen *g, uint32_t i, uint32_t k)
 	json_array_append_new(g->ch[i].lp, en);
 }
 
+/*
+ * A token of c seen at now: the request's first one is its time to first
+ * token, every later one of c a gap after the one before (0 for tokens
+ * that arrived together: kvhttp times what it sees, as a client would).
+ */
+static void time_token(struct kvh_gen *g, struct kvh_choice *c, double now)
+{
+	if (!g->first_seen) {
+		g->first_seen = 1;
+		kvh_metrics_ttft(now - g->t0);
+	} else if (c->last_at > 0) {
+		kvh_metrics_itl(now - c->last_at);
+	}
+	c->last_at = now;
+}
+
 /* The tokens of choice i up to n_out into its text; 1 when a sink call happened. */
 static int take_tokens(struct kvh_gen *g, uint32_t i, uint32_t n_out, const struct kvh_sink *s)
 {
 	struct kvh_choice *c = &g->ch[i];
 	const uint32_t *out = (const uint32_t *)(kvh_lease_arena(&g->lease) + out_off(g, i));
 	struct kvc_conn *kc = kvh_lease_kvc(&g->lease);
+	double now = mono_now();
 	for (; c->tokens < n_out && c->tokens < g->max_tokens && !c->finish; c->tokens++) {
 		uint32_t len;
+		time_token(g, c, now);
 		const char *b = kvc_token_bytes(kc, __atomic_load_n(&out[c->tokens], __ATOMIC_RELAXED), &len);
 		if (c->lp)
 			lp_take(g, i, c->tokens);

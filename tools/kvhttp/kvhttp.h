@@ -148,6 +148,7 @@ struct kvh_choice {
 	int		cancelling;
 	json_t		*lp;		/* logprobs: one {token, logprob, bytes, top_logprobs} per token */
 	size_t		lp_sent;	/* entries already in a stream chunk */
+	double		last_at;	/* CLOCK_MONOTONIC seconds of its newest token; 0: none yet */
 };
 
 /* Called with new text of choice i (a stream chunk), and once when choice i finishes. */
@@ -164,6 +165,9 @@ struct kvh_gen {
 	int			client_fd;
 	uint32_t		prompt_tokens;
 	int			prefix_hit;
+	uint32_t		cached;		/* of prompt_tokens, from the prefix cache (choice 0's) */
+	double			t0;		/* CLOCK_MONOTONIC seconds the request arrived */
+	int			first_seen;	/* its first token (of any choice) was timed */
 	uint32_t		max_tokens;
 	uint32_t		prompt_used;	/* bytes of slot 0's part the prompt takes */
 	uint32_t		started;	/* choices whose DECODE was submitted */
@@ -205,6 +209,11 @@ json_t *kvh_err_json(const struct kvh_err *e);
 
 void kvh_metrics_request(unsigned int status);
 void kvh_metrics_tokens(uint32_t prompt, uint32_t completion);
+/* A choice finished: "stop", "length", or NULL when its client went away (abort). */
+void kvh_metrics_finished(const char *reason);
+/* Seconds from a request's arrival to its first token; between two tokens of a choice. */
+void kvh_metrics_ttft(double seconds);
+void kvh_metrics_itl(double seconds);
 /* The Prometheus text of /metrics for kvd on sock (NULL: the default), malloc'ed, in *out; its length or -errno. */
 int kvh_metrics_text(char **out, const char *sock);
 

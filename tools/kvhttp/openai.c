@@ -338,9 +338,10 @@ json_t *kvh_usage(const struct kvh_gen *g)
 	uint32_t done = 0;
 	for (uint32_t i = 0; i < g->req->n; i++)
 		done += g->ch[i].tokens;
-	json_t *u = json_pack("{s:I,s:I,s:I}", "prompt_tokens", (json_int_t)g->prompt_tokens,
+	json_t *u = json_pack("{s:I,s:I,s:I,s:{s:I}}", "prompt_tokens", (json_int_t)g->prompt_tokens,
 			      "completion_tokens", (json_int_t)done, "total_tokens",
-			      (json_int_t)(g->prompt_tokens + done));
+			      (json_int_t)(g->prompt_tokens + done), "prompt_tokens_details",
+			      "cached_tokens", (json_int_t)g->cached);
 	return u;
 }
 

@@ -25,7 +25,15 @@ struct stream {
 	size_t		len, off, cap;
 	int		role_sent[KVH_MAX_CHOICES];
 	int		ended;		/* [DONE] queued */
+	int		streaming;	/* its response was queued: a hang-up from here on is an abort */
 };
+
+/* Each choice's finished_reason into the counters; a client gone away: abort for what had not finished. */
+static void count_finished(const struct kvh_gen *g, int aborted)
+{
+	for (uint32_t i = 0; i < g->req->n; i++)
+		kvh_metrics_finished(aborted && !g->ch[i].finish ? NULL : g->ch[i].finish);
+}
 
 static int reply(struct MHD_Connection *c, unsigned int status, const char *type, char *body, size_t len)
 {
@@ -157,8 +165,11 @@ static int complete_full(struct MHD_Connection *c, struct kvh_req *r)
 		json_t *j = kvh_resp_full(&g);
 		kvh_metrics_tokens(g.prompt_tokens, (uint32_t)json_integer_value(
 				   json_object_get(json_object_get(j, "usage"), "completion_tokens")));
+		count_finished(&g, 0);
 		ret = reply_json(c, 200, j);
 	} else if (rc == -EPIPE) {
+		if (g.started)
+			count_finished(&g, 1);
 		ret = MHD_NO;	/* the client is gone: nobody to answer */
 	} else {
 		ret = reply_err(c, &e);
@@ -212,6 +223,7 @@ static void stream_tail(struct stream *st)
 	for (uint32_t i = 0; i < st->req.n; i++)
 		done += st->gen.ch[i].tokens;
 	kvh_metrics_tokens(st->gen.prompt_tokens, done);
+	count_finished(&st->gen, 0);
 	sse_put(st, NULL);
 	st->ended = 1;
 }
@@ -247,6 +259,8 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 static void stream_free(void *cls)
 {
 	struct stream *st = cls;
+	if (st->streaming && !st->ended)
+		count_finished(&st->gen, 1);
 	kvh_gen_end(&st->gen);	/* a client gone mid-stream: its request is cancelled here */
 	kvh_req_free(&st->req);
 	free(st->buf);
@@ -269,6 +283,7 @@ static int complete_stream(struct MHD_Connection *c, struct stream *st)
 		stream_free(st);
 		return MHD_NO;
 	}
+	st->streaming = 1;
 	MHD_add_response_header(r, "Content-Type", "text/event-stream");
 	MHD_add_response_header(r, "Cache-Control", "no-cache");
 	rc = MHD_queue_response(c, 200, r);
