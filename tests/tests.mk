@@ -30,9 +30,10 @@ $(CUDA_TEST_BINS): LDLIBS += $(CUDA_SO_LINK)
 TEST_EXTRA ?= 1
 VALGRIND_BINS := $(patsubst %,$(B)/tests/test_%,kvpool gguf tokenizer paged) $(FUZZ_REPLAY)
 
-# Shell tests run after the programs, in the plain pass only: test_install.sh
-# installs into a scratch DESTDIR.
-TEST_SCRIPTS := $(if $(filter 1,$(SANITIZE)),,$(wildcard tests/test_*.sh))
+# Shell tests run after the programs, in the plain pass; the sanitizer pass
+# runs test_http.sh alone, with kvd and kvhttp both from $(B)/asan (the others
+# install, check the tree or package the plain build).
+TEST_SCRIPTS := $(if $(filter 1,$(SANITIZE)),tests/test_http.sh,$(wildcard tests/test_*.sh))
 
 # The plain pass also links the libFuzzer targets (tests/fuzz/fuzz.mk), so
 # that `make fuzz` cannot rot unnoticed.
