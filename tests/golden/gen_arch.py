@@ -84,7 +84,7 @@ import gguf
 import llama_cpp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gen_tiny import tiny_vocab  # noqa: E402  (same tokenizer cut)
+from gen_tiny import add_tiny_vocab, tiny_vocab  # noqa: E402  (same tokenizer cut)
 
 PIN_GGUF = "0.19.0"
 PIN_LLAMA_CPP = "0.3.36"
@@ -170,7 +170,6 @@ def llama_tensors(g, c, qk_dim=None, biases=False, fused=False, post_norms=False
 
 
 def writer(path, arch, c, vocab, ctx, name):
-    tokens, types, merges, meta = vocab
     w = gguf.GGUFWriter(path, arch)
     w.add_name("kvd arch golden: " + name)
     w.add_block_count(c["layers"])
@@ -181,17 +180,7 @@ def writer(path, arch, c, vocab, ctx, name):
     w.add_head_count_kv(c["kv_heads"])
     w.add_layer_norm_rms_eps(1e-5 if arch != "gemma2" else 1e-6)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    w.add_tokenizer_model(meta["tokenizer.ggml.model"])
-    w.add_tokenizer_pre(meta["tokenizer.ggml.pre"])
-    w.add_token_list(tokens)
-    w.add_token_types([int(x) for x in types])
-    w.add_token_merges(merges)
-    w.add_bos_token_id(int(meta["tokenizer.ggml.bos_token_id"]))
-    w.add_eos_token_id(int(meta["tokenizer.ggml.eos_token_id"]))
-    w.add_unk_token_id(int(meta["tokenizer.ggml.unknown_token_id"]))
-    w.add_pad_token_id(int(meta["tokenizer.ggml.padding_token_id"]))
-    w.add_add_bos_token(False)
-    w.add_add_space_prefix(False)
+    add_tiny_vocab(w, vocab)
     return w
 
 

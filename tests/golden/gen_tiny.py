@@ -112,6 +112,22 @@ def weights():
     return t
 
 
+def add_tiny_vocab(w, vocab):
+    """Write tiny_vocab()'s tokenizer into the GGUF writer w (no BOS added, no space prefix)."""
+    tokens, types, merges, meta = vocab
+    w.add_tokenizer_model(meta["tokenizer.ggml.model"])
+    w.add_tokenizer_pre(meta["tokenizer.ggml.pre"])
+    w.add_token_list(tokens)
+    w.add_token_types([int(x) for x in types])
+    w.add_token_merges(merges)
+    w.add_bos_token_id(int(meta["tokenizer.ggml.bos_token_id"]))
+    w.add_eos_token_id(int(meta["tokenizer.ggml.eos_token_id"]))
+    w.add_unk_token_id(int(meta["tokenizer.ggml.unknown_token_id"]))
+    w.add_pad_token_id(int(meta["tokenizer.ggml.padding_token_id"]))
+    w.add_add_bos_token(False)
+    w.add_add_space_prefix(False)
+
+
 def write_gguf(path, model_path):
     tokens, types, merges, meta = tiny_vocab(model_path)
     tmp = path + ".tmp"
@@ -128,17 +144,7 @@ def write_gguf(path, model_path):
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(N_VOCAB)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    w.add_tokenizer_model(meta["tokenizer.ggml.model"])
-    w.add_tokenizer_pre(meta["tokenizer.ggml.pre"])
-    w.add_token_list(tokens)
-    w.add_token_types([int(x) for x in types])
-    w.add_token_merges(merges)
-    w.add_bos_token_id(int(meta["tokenizer.ggml.bos_token_id"]))
-    w.add_eos_token_id(int(meta["tokenizer.ggml.eos_token_id"]))
-    w.add_unk_token_id(int(meta["tokenizer.ggml.unknown_token_id"]))
-    w.add_pad_token_id(int(meta["tokenizer.ggml.padding_token_id"]))
-    w.add_add_bos_token(False)
-    w.add_add_space_prefix(False)
+    add_tiny_vocab(w, (tokens, types, merges, meta))
     for name, data in weights().items():
         w.add_tensor(name, data)
     w.write_header_to_file()
