@@ -295,9 +295,10 @@ def raw_part():
     s.close()
     check("slow-loris headers: the connection is closed by the server (%.1f s)" % (time.time() - t0), closed)
 
-    # Hang up mid-stream.
+    # Hang up mid-stream. ignore_eos: a sampled end-of-text as the first token would end the stream
+    # before there is anything to hang up on.
     body = json.dumps({"prompt": "Write a long story.", "max_tokens": 2000, "stream": True,
-                       "temperature": 0.8}).encode()
+                       "temperature": 0.8, "ignore_eos": True}).encode()
     s = socket.create_connection((host, port), timeout=600)
     s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
               + str(len(body)).encode() + b"\r\n\r\n" + body)
