@@ -38,6 +38,9 @@ all() {
 	if [ -x tools/bench_serve.sh ] && [ -x build/kvbench ]; then
 		part "serving (tools/bench_serve.sh)" sh tools/bench_serve.sh
 	fi
+	if [ -x tools/bench_http.sh ] && [ -x build/kvhttp ] && [ -x build/kvload ]; then
+		part "kvhttp vs the rings (tools/bench_http.sh)" sh tools/bench_http.sh
+	fi
 	echo "=== all parts: $(($(date +%s) - t_all)) s"
 }
 

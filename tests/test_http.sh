@@ -104,6 +104,21 @@ fi
 code=$(curl -s -o /dev/null -w '%{http_code}' -X DELETE "$url/v1/models")
 [ "$code" = 405 ] && ok "a wrong method: 405" || bad "a wrong method: $code"
 
+# ---- kvload, the benchmark's load generator: 3 streaming chat clients, every token counted ----
+KVLOAD=${KVLOAD_BIN:-$(dirname "$KVD")/kvload}
+if [ -x "$KVLOAD" ]; then
+	"$KVLOAD" --url "$url" --clients 3 --requests 6 --output-len 5 --words 8 --json >"$tmp/load.json" 2>"$tmp/load.err"
+	rc=$?
+	if [ $rc = 0 ] && grep -q '"requests":6,"errors":0,"output_tokens":30,' "$tmp/load.json" &&
+		grep -q '"cached_tokens":0}' "$tmp/load.json"; then
+		ok "kvload: 6 chat streams of 5 tokens each, none from the prefix cache"
+	else
+		bad "kvload: status $rc $(cat "$tmp/load.json" "$tmp/load.err")"
+	fi
+else
+	skipped "kvload: no $KVLOAD"
+fi
+
 # ---- the openai client, in a venv of its own ----
 if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import openai; assert openai.__version__ == '$OPENAI_VERSION'" 2>/dev/null; then
 	rm -rf "$venv"

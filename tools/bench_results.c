@@ -11,20 +11,6 @@
 #include "tools/common.h"
 #include "tools/kvbench.h"
 
-int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-	return (x > y) - (x < y);
-}
-
-/* Nearest-rank percentile p (0..100] of sorted v (n,); NAN when n is 0. */
-double pct(const double *v, size_t n, double p)
-{
-	size_t k = (size_t)ceil(p / 100.0 * (double)n);
-	return n ? v[k ? k - 1 : 0] : NAN;
-}
-
-
 /* Sorted gaps (ms) of request s into g; returns their count and their sum in *sum. */
 static size_t sample_gaps(const struct client *cl, const struct sample *s, double *g, double *sum)
 {

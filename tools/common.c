@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <grp.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -184,6 +185,22 @@ void tool_json_string(FILE *f, const char *s, size_t n)
 		i++;
 	}
 	fputc('"', f);
+}
+
+int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return (x > y) - (x < y);
+}
+
+/* The smallest rank k with k >= p% of n, without libm (kvctl links no -lm). */
+double pct(const double *v, size_t n, double p)
+{
+	double want = p / 100.0 * (double)n;
+	size_t k = (size_t)want;
+	if ((double)k < want)
+		k++;
+	return n ? v[k ? k - 1 : 0] : NAN;
 }
 
 double tool_now_s(void)

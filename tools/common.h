@@ -1,4 +1,4 @@
-/* common.h — what kvctl, kvbench and kvtop share: option numbers, connecting to kvd, time, signals. */
+/* common.h — what the tools share: option numbers, connecting to kvd, time, percentiles, signals. */
 #ifndef KVD_TOOLS_COMMON_H
 #define KVD_TOOLS_COMMON_H
 
@@ -46,6 +46,12 @@ const char *tool_conn_error(int err);
 
 /* Print s[0, n) as a JSON string, quotes included; bytes that are not valid UTF-8 become U+FFFD. */
 void tool_json_string(FILE *f, const char *s, size_t n);
+
+/* qsort order of doubles. */
+int cmp_double(const void *a, const void *b);
+
+/* Nearest-rank percentile p (0..100] of sorted v (n,); NAN when n is 0. */
+double pct(const double *v, size_t n, double p);
 
 /* CLOCK_MONOTONIC in seconds. */
 double tool_now_s(void);

@@ -10,7 +10,7 @@ set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
 pkgs="build-essential pkg-config liburing-dev libbpf-dev clang llvm bpftool
 libelf-dev zlib1g-dev libcmocka-dev libsystemd-dev systemtap-sdt-dev
-libxxhash-dev libmicrohttpd-dev libjansson-dev python3 python3-pip python3-venv python3-jinja2 cmake unzip gnuplot-nox valgrind systemd procps linux-perf libclang-rt-dev"
+libxxhash-dev libmicrohttpd-dev libjansson-dev libcurl4-openssl-dev python3 python3-pip python3-venv python3-jinja2 cmake unzip gnuplot-nox valgrind systemd procps linux-perf libclang-rt-dev"
 missing=""
 for p in $pkgs; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" ||

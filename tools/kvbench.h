@@ -97,10 +97,6 @@ struct results {
 	double		hit_rate;
 };
 
-/* qsort order of doubles, and the p-th percentile of sorted v (n,). */
-int cmp_double(const void *a, const void *b);
-double pct(const double *v, size_t n, double p);
-
 /* The run's figures from its samples and the STATS before and after; 0 or -ENOMEM. */
 int compute(const struct bench *b, const struct kvd_stats_rep *st0,
 	    const struct kvd_stats_rep *st1, double wall, struct results *r);

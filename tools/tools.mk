@@ -26,7 +26,12 @@ KVHTTP_OBJS := $(patsubst %.c,$(B)/%.o,$(wildcard tools/kvhttp/*.c))
 $(B)/kvhttp: $(KVHTTP_OBJS) $(B)/tools/common.o $(B)/tools/snap.o $(B)/bpf/kvd_pin.o $(B)/libkvclient.a
 	$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(filter %.a,$^) -lmicrohttpd -ljansson -lbpf -lm -pthread
 
-all: $(TOOL_BINS)
+# kvload, kvhttp's load generator (make bench): libcurl's multi interface and jansson.
+# Built with the rest so that CI compiles it; not installed.
+$(B)/kvload: $(B)/tools/loadgen/kvload.o $(B)/tools/common.o $(B)/libkvclient.a
+	$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(filter %.a,$^) -lcurl -ljansson -lm
+
+all: $(TOOL_BINS) $(B)/kvload
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib \
