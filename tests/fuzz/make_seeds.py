@@ -203,9 +203,13 @@ def sqe(op, flags=0, sid_live=True, user=1, toff=0, ntok=0, out=0, maxt=0, slot=
                        7, temp, 0, 0, 0, 0, 0, slot, target)
 
 
+# fuzz_ring takes offsetof(struct kvd_sqe, resv) bytes of an SQE; the fields sqe() does not
+# pack (logprobs, penalties, the system message) and the reserved tail stay zero.
+SQE_BODY = 88
+
+
 def put_sqe(q):
-    # fuzz_ring takes an SQE's first 64 bytes; its reserved tail stays zero.
-    return b"\x01" + q
+    return b"\x01" + q + bytes(SQE_BODY - len(q))
 
 
 def write(off, data):
@@ -235,7 +239,7 @@ def ring_seeds():
         b"\x02\x03\x01\x00\x00\x00\x05\x01\x02")
     # A raw write sets the reserved tail of the SQE in slot 0 (SQEs start at 384).
     put("sqe-resv", "ring", b"\x0a" + write(arena, prompt) + put_sqe(gen) +
-        write(384 + 64 + 7, b"\x01") + b"\x02\x04\x02")
+        write(384 + SQE_BODY + 7, b"\x01") + b"\x02\x04\x02")
     put("bad-sqes", "ring", b"\x0a" + put_sqe(sqe(9)) + put_sqe(sqe(1, ntok=5, toff=2)) +
         put_sqe(sqe(2, out=1 << 30, maxt=1)) + put_sqe(sqe(1, ntok=0x40000000)) +
         put_sqe(sqe(1, ntok=1, sid_live=False)) + put_sqe(sqe(2, maxt=1, slot=99)) +
