@@ -31,16 +31,7 @@ status
 start_daemon
 "$B/kvhttp" --listen 127.0.0.1:0 --socket "$sock" >"$dir/http.log" 2>&1 &
 bg=$!
-i=0
-until grep -q "serving on" "$dir/http.log"; do
-	i=$((i + 1))
-	if [ $i -gt 300 ] || ! kill -0 "$bg" 2>/dev/null; then
-		echo "$WHO: kvhttp did not come up:" >&2
-		cat "$dir/http.log" >&2
-		exit 1
-	fi
-	sleep 0.1
-done
+wait_up "$bg" kvhttp "$dir/http.log" grep -q "serving on" "$dir/http.log"
 url="http://$(sed -n 's/^kvhttp: serving on //p' "$dir/http.log")"
 
 # load NAME [kvload options]: one kvload run, its JSON in $dir/NAME.json.

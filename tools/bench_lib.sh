@@ -44,12 +44,21 @@ trap 'exit 130' INT TERM
 start_daemon() {
 	"$KVD" ${MODEL:+--model "$MODEL"} --socket "$sock" -t "$THREADS" "$@" >"$dir/kvd.log" 2>&1 &
 	pid=$!
+	wait_up "$pid" "kvd $*" "$dir/kvd.log" "$B/kvctl" --socket "$sock" info
+}
+
+# wait_up PID WHAT LOG CMD...: poll CMD until it succeeds; exit, with LOG, if PID dies or 30 s pass.
+wait_up() {
+	up_pid=$1
+	up_what=$2
+	up_log=$3
+	shift 3
 	i=0
-	until "$B/kvctl" --socket "$sock" info >/dev/null 2>&1; do
+	until "$@" >/dev/null 2>&1; do
 		i=$((i + 1))
-		if [ $i -gt 300 ] || ! kill -0 "$pid" 2>/dev/null; then
-			echo "$WHO: kvd $* did not come up:" >&2
-			cat "$dir/kvd.log" >&2
+		if [ $i -gt 300 ] || ! kill -0 "$up_pid" 2>/dev/null; then
+			echo "$WHO: $up_what did not come up:" >&2
+			cat "$up_log" >&2
 			exit 1
 		fi
 		sleep 0.1
