@@ -223,8 +223,9 @@ static void finish(struct run *r, struct client *c, CURLcode res)
 	}
 	if (code != 200) {
 		char what[64 + 160];
-		c->buf[c->len < 160 ? c->len : 160] = 0;
-		snprintf(what, sizeof(what), "HTTP %ld: %s", code, c->buf);
+		if (c->buf)	/* NULL when the reply had no body */
+			c->buf[c->len < 160 ? c->len : 160] = 0;
+		snprintf(what, sizeof(what), "HTTP %ld: %s", code, c->buf ? c->buf : "");
 		note_error(r, "%s", what);
 		return;
 	}
