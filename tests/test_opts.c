@@ -522,9 +522,9 @@ static void test_prompt_chat_is_plain_text(void **state)
  * On a terminal, a prefill past a second shows "prefill D/N positions",
  * updated in place after each 512-row pass, and erased before what follows.
  * 3000 positions on one CPU thread are six passes, the later ones slower as
- * attention grows: about 7 s on a 2020s laptop core, so the line shows
- * after some pass however fast the core (600 positions took 1.2 s and
- * missed the second on a quicker machine).
+ * attention grows: several seconds on a current x86 core, so the line
+ * shows after some pass on any but a far quicker one (600 positions took
+ * 1.2 s in all and could miss the second).
  */
 static void test_prompt_progress_on_a_terminal(void **state)
 {
