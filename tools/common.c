@@ -187,6 +187,27 @@ void tool_json_string(FILE *f, const char *s, size_t n)
 	fputc('"', f);
 }
 
+char *tool_read_key(const char *who, const char *path)
+{
+	FILE *f = fopen(path, "re");
+	if (!f) {
+		fprintf(stderr, "%s: %s: %s\n", who, path, strerror(errno));
+		return NULL;
+	}
+	char *line = NULL;
+	size_t cap = 0;
+	ssize_t n = getline(&line, &cap, f);
+	fclose(f);
+	while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r' || line[n - 1] == ' '))
+		line[--n] = 0;
+	if (n <= 0) {
+		fprintf(stderr, "%s: %s: no key in its first line\n", who, path);
+		free(line);
+		return NULL;
+	}
+	return line;
+}
+
 int cmp_double(const void *a, const void *b)
 {
 	double x = *(const double *)a, y = *(const double *)b;

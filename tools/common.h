@@ -47,6 +47,13 @@ const char *tool_conn_error(int err);
 /* Print s[0, n) as a JSON string, quotes included; bytes that are not valid UTF-8 become U+FFFD. */
 void tool_json_string(FILE *f, const char *s, size_t n);
 
+/*
+ * The API key in the first line of path, trailing spaces and line ending
+ * dropped, in a new string; NULL, said on stderr as "who: path: ...", when
+ * the file cannot be read or its first line is empty.
+ */
+char *tool_read_key(const char *who, const char *path);
+
 /* qsort order of doubles. */
 int cmp_double(const void *a, const void *b);
 

@@ -25,27 +25,6 @@ static void usage(FILE *f)
 	      "An OpenAI-compatible HTTP front for kvd. See kvhttp(1).\n", f);
 }
 
-static char *read_key(const char *path)
-{
-	FILE *f = fopen(path, "re");
-	if (!f) {
-		fprintf(stderr, "kvhttp: %s: %s\n", path, strerror(errno));
-		return NULL;
-	}
-	char *line = NULL;
-	size_t cap = 0;
-	ssize_t n = getline(&line, &cap, f);
-	fclose(f);
-	while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r' || line[n - 1] == ' '))
-		line[--n] = 0;
-	if (n <= 0) {
-		fprintf(stderr, "kvhttp: %s: no key in its first line\n", path);
-		free(line);
-		return NULL;
-	}
-	return line;
-}
-
 static int parse(int argc, char **argv, struct kvh_opts *o)
 {
 	enum { O_LISTEN = 256, O_SOCKET, O_KEY, O_NAME, O_BODY, O_TIMEOUT, O_CLIENTS, O_SESS, O_QUEUE };
@@ -180,7 +159,7 @@ int main(int argc, char **argv)
 			      .max_clients = 1024, .sessions = 8, .queue_s = 30 };
 	if (parse(argc, argv, &o))
 		return TOOL_EXIT_USAGE;
-	if (o.api_key_file && !(o.api_key = read_key(o.api_key_file)))
+	if (o.api_key_file && !(o.api_key = tool_read_key("kvhttp", o.api_key_file)))
 		return TOOL_EXIT_USAGE;
 	int loop, fd = systemd_fd();
 	if (fd >= 0)

@@ -58,7 +58,10 @@ static int vec_push(struct vec *a, double x)
 	return 0;
 }
 
+struct run;
+
 struct client {
+	struct run	*r;
 	CURL		*h;
 	struct curl_slist *hdr;
 	char		*body;
@@ -151,15 +154,9 @@ static void on_event(struct run *r, struct client *c, const char *data, double n
 	json_decref(o);
 }
 
-struct wctx {
-	struct run	*r;
-	struct client	*c;
-};
-
 static size_t on_data(char *p, size_t sz, size_t nm, void *u)
 {
-	struct wctx *w = u;
-	struct client *c = w->c;
+	struct client *c = u;
 	size_t n = sz * nm;
 	double now = tool_now_s();
 	if (c->len + n + 1 > c->cap) {
@@ -177,7 +174,7 @@ static size_t on_data(char *p, size_t sz, size_t nm, void *u)
 	while ((e = strstr(s, "\n\n"))) {
 		*e = 0;
 		if (!strncmp(s, "data: ", 6))
-			on_event(w->r, c, s + 6, now);
+			on_event(c->r, c, s + 6, now);
 		s = e + 2;
 	}
 	c->len -= (size_t)(s - c->buf);
@@ -186,7 +183,7 @@ static size_t on_data(char *p, size_t sz, size_t nm, void *u)
 }
 
 /* Start client c's next request. */
-static int start(CURLM *m, struct run *r, struct client *c, struct wctx *w)
+static int start(CURLM *m, struct run *r, struct client *c)
 {
 	char *sys = words(r, r->o.words), *user = words(r, r->o.words);
 	json_t *req = sys && user ? json_pack("{s:s,s:[{s:s,s:s},{s:s,s:s}],s:i,s:b,s:{s:b},s:i,s:b}",
@@ -206,7 +203,6 @@ static int start(CURLM *m, struct run *r, struct client *c, struct wctx *w)
 	c->completion = c->prompt = c->cached = -1;
 	c->err[0] = 0;
 	curl_easy_setopt(c->h, CURLOPT_POSTFIELDS, c->body);
-	curl_easy_setopt(c->h, CURLOPT_WRITEDATA, w);
 	c->t0 = tool_now_s();
 	r->issued++;
 	return curl_multi_add_handle(m, c->h) == CURLM_OK ? 0 : -1;
@@ -317,22 +313,13 @@ static int parse(int argc, char **argv, struct opts *o)
 	return 0;
 }
 
-/* The bearer header from key file f, or NULL (said on stderr). */
+/* The bearer header with the key in file f, or NULL (said on stderr). */
 static char *key_header(const char *f)
 {
-	FILE *fp = fopen(f, "r");
-	char key[512];
-	if (!fp || !fgets(key, sizeof(key), fp)) {
-		fprintf(stderr, WHO ": --api-key-file %s: cannot read it\n", f);
-		if (fp)
-			fclose(fp);
-		return NULL;
-	}
-	fclose(fp);
-	key[strcspn(key, "\r\n")] = 0;
-	char *h = malloc(strlen(key) + 32);
-	if (h)
-		sprintf(h, "Authorization: Bearer %s", key);
+	char *key = tool_read_key(WHO, f), *h = NULL;
+	if (key && asprintf(&h, "Authorization: Bearer %s", key) < 0)
+		h = NULL;
+	free(key);
 	return h;
 }
 
@@ -391,14 +378,13 @@ int main(int argc, char **argv)
 	sprintf(url, "%s/v1/chat/completions", r.o.url);
 	CURLM *m = curl_multi_init();
 	struct client *cl = calloc(r.o.clients, sizeof(*cl));
-	struct wctx *w = calloc(r.o.clients, sizeof(*w));
-	if (!m || !cl || !w)
+	if (!m || !cl)
 		return TOOL_EXIT_RUNTIME;
 	/* One connection per client, as kvbench has. */
 	curl_multi_setopt(m, CURLMOPT_MAX_HOST_CONNECTIONS, (long)r.o.clients);
 	for (uint32_t i = 0; i < r.o.clients; i++) {
 		struct client *c = &cl[i];
-		w[i] = (struct wctx){ &r, c };
+		c->r = &r;
 		c->h = curl_easy_init();
 		c->hdr = curl_slist_append(NULL, "Content-Type: application/json");
 		if (auth)
@@ -408,6 +394,7 @@ int main(int argc, char **argv)
 		curl_easy_setopt(c->h, CURLOPT_URL, url);
 		curl_easy_setopt(c->h, CURLOPT_HTTPHEADER, c->hdr);
 		curl_easy_setopt(c->h, CURLOPT_WRITEFUNCTION, on_data);
+		curl_easy_setopt(c->h, CURLOPT_WRITEDATA, c);
 		curl_easy_setopt(c->h, CURLOPT_ERRORBUFFER, c->err);
 		curl_easy_setopt(c->h, CURLOPT_PRIVATE, c);
 		curl_easy_setopt(c->h, CURLOPT_TCP_NODELAY, 1L);
@@ -418,7 +405,7 @@ int main(int argc, char **argv)
 	double t0 = tool_now_s();
 	int running = 0;
 	for (uint32_t i = 0; i < r.o.clients && r.issued < r.o.requests; i++)
-		if (start(m, &r, &cl[i], &w[i]))
+		if (start(m, &r, &cl[i]))
 			return TOOL_EXIT_RUNTIME;
 	do {
 		if (curl_multi_perform(m, &running) != CURLM_OK)
@@ -434,7 +421,7 @@ int main(int argc, char **argv)
 			curl_multi_remove_handle(m, c->h);
 			finish(&r, c, res);
 			if (r.issued < r.o.requests && !tool_interrupted && !r.errors) {
-				if (start(m, &r, c, &w[c - cl]))
+				if (start(m, &r, c))
 					return TOOL_EXIT_RUNTIME;
 				running++;
 			}
@@ -459,7 +446,6 @@ int main(int argc, char **argv)
 	curl_multi_cleanup(m);
 	curl_global_cleanup();
 	free(cl);
-	free(w);
 	free(url);
 	free(auth);
 	free(r.ttft.v);
