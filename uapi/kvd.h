@@ -36,6 +36,13 @@
  *                 refused (its HELLO answered with a KVD_MSG_ERROR reply of
  *                 status -EMFILE, then closed)
  *     -ESHUTDOWN  the daemon is draining and takes no new work
+ *     -ERESTART   (libkvclient, never the daemon) the daemon restarted while
+ *                 the request was in flight and it was not applied: the
+ *                 session is as it was before it; resubmit it
+ *     -ESTALE     SESSION_OPEN with a resume token the daemon does not hold
+ *                 (never given out, closed, expired, lost with its state, or
+ *                 another uid's); an APPEND or DECODE on a resumed slot whose
+ *                 KV could not be restored
  *     -ECANCELED  the request was cancelled (by CANCEL or by session close)
  *     -EIO        the compute backend failed; the daemon stays up
  *
@@ -76,7 +83,9 @@
 #define KVD_FEAT_LOGPROBS      (1U << 11) /* KVD_SQE_LOGPROBS: per-token log-probabilities */
 #define KVD_FEAT_PENALTIES     (1U << 12) /* presence/frequency penalties (OpenAI's) */
 #define KVD_FEAT_CACHED_COUNT  (1U << 13) /* PREFIX_HIT + aux: prompt positions the prefix cache supplied */
-#define KVD_FEAT_ALL           ((1U << 14) - 1)
+#define KVD_FEAT_RESUME        (1U << 14) /* sessions carry resume tokens; their KV survives a
+					   * daemon restart ("Resuming after a restart") */
+#define KVD_FEAT_ALL           ((1U << 15) - 1)
 
 /* ------------------------------------------------------------------------ */
 /* Control messages: one per SOCK_SEQPACKET datagram, requests and replies. */
@@ -165,9 +174,22 @@ struct kvd_session_open_req {
 	__u32	sq_entries;	/* power of two, <= max_sq_entries; 0 = default */
 	__u32	cq_entries;	/* power of two, <= max_cq_entries; 0 = default */
 	__u32	arena_bytes;	/* multiple of 4, <= max_arena_bytes; 0 = default */
-	__u32	resv0;		/* zero */
-	__u64	resv[2];	/* zero */
+	__u32	flags;		/* KVD_OPEN_* (KVD_FEAT_RESUME); else zero */
+	__u64	token[2];	/* KVD_OPEN_RESUME: the session's resume token; else zero */
 };
+
+/*
+ * KVD_OPEN_RESUME: reopen the session a SESSION_OPEN reply gave this token
+ * (its resume_token), typically on a new connection after the daemon
+ * restarted. It gets the same session_id back (its table index must be free
+ * on this connection: else -EBUSY), its slots as they stood after their
+ * last completed request, and, in this connection's CQ, for each slot that
+ * completed one, that request's final CQE again with KVD_CQE_REPLAY (so a
+ * client can tell whether the completion it never saw was applied).
+ * -ESTALE: no such token (or another uid's; one session, one uid); -EBUSY:
+ * the session is open on a live connection.
+ */
+#define KVD_OPEN_RESUME	(1U << 0)
 
 /*
  * The shared region of a connection (one per connection, shared by its
@@ -201,9 +223,16 @@ struct kvd_session_open_rep {
 	__u64	arena_off;	/* token arena: __u32 token ids */
 	__u32	arena_bytes;	/* granted */
 	__u32	resv0;		/* zero */
+	/* Only with KVD_FEAT_RESUME granted: the reply is 96 bytes without these. */
+	__u64	resume_token[2]; /* reopens this session after a restart (KVD_OPEN_RESUME);
+				  * secret: whoever holds it and has the uid may resume it */
+	__u32	restored_slots;	/* KVD_OPEN_RESUME: slots whose KV came back */
+	__u32	lost_slots;	/* KVD_OPEN_RESUME: slots that held KV that could not be restored:
+				 * an APPEND or DECODE there completes -ESTALE */
 };
 
 #define KVD_OPENF_FDS	(1U << 0) /* this reply carries the three fds */
+#define KVD_OPENF_RESUMED (1U << 1) /* KVD_OPEN_RESUME: the session came back from the last run */
 
 struct kvd_session_close_req {
 	struct kvd_msg_hdr hdr;
@@ -227,7 +256,11 @@ struct kvd_stats_rep {
 	__u32	connections;		/* open now */
 	__u32	sessions;		/* open now */
 	__u64	steps;			/* engine steps run since start */
-	__u64	resv[3];		/* zero */
+	__u32	restored_sessions;	/* sessions brought back from the last run at start */
+	__u32	restored_blocks;	/* KV blocks they and the prefix cache got back */
+	__u32	restored_prefixes;	/* prefix-cache entries (registered blocks) restored */
+	__u32	resumed_sessions;	/* restored sessions a client has reopened since */
+	__u64	resv[1];		/* zero */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -500,6 +533,11 @@ struct kvd_logprob {
 					   * positions of the slot's sequence cached so far, aux =
 					   * positions once the prompt is in (without APPEND: prompt
 					   * positions cached, of the prompt's) */
+#define KVD_CQE_REPLAY		(1U << 7) /* after KVD_OPEN_RESUME: the last final CQE of this slot
+					   * before the restart, posted again; its request was applied */
+#define KVD_CQE_RESTARTED	(1U << 8) /* made by libkvclient, never the daemon: the daemon
+					   * restarted with this request in flight (res -ERESTART: not
+					   * applied; with REPLAY: applied, res its result) */
 
 /* 32 bytes. */
 struct kvd_cqe {

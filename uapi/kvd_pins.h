@@ -66,10 +66,10 @@ KVD_PIN_SIZE(struct kvd_session_open_req, 56);
 KVD_PIN(struct kvd_session_open_req, sq_entries, 24);
 KVD_PIN(struct kvd_session_open_req, cq_entries, 28);
 KVD_PIN(struct kvd_session_open_req, arena_bytes, 32);
-KVD_PIN(struct kvd_session_open_req, resv0, 36);
-KVD_PIN(struct kvd_session_open_req, resv, 40);
+KVD_PIN(struct kvd_session_open_req, flags, 36);
+KVD_PIN(struct kvd_session_open_req, token, 40);
 
-KVD_PIN_SIZE(struct kvd_session_open_rep, 96);
+KVD_PIN_SIZE(struct kvd_session_open_rep, 120);
 KVD_PIN(struct kvd_session_open_rep, session_id, 24);
 KVD_PIN(struct kvd_session_open_rep, flags, 28);
 KVD_PIN(struct kvd_session_open_rep, sq_entries, 32);
@@ -82,6 +82,9 @@ KVD_PIN(struct kvd_session_open_rep, cqes_off, 72);
 KVD_PIN(struct kvd_session_open_rep, arena_off, 80);
 KVD_PIN(struct kvd_session_open_rep, arena_bytes, 88);
 KVD_PIN(struct kvd_session_open_rep, resv0, 92);
+KVD_PIN(struct kvd_session_open_rep, resume_token, 96);
+KVD_PIN(struct kvd_session_open_rep, restored_slots, 112);
+KVD_PIN(struct kvd_session_open_rep, lost_slots, 116);
 
 KVD_PIN_SIZE(struct kvd_session_close_req, 32);
 KVD_PIN(struct kvd_session_close_req, session_id, 24);
@@ -101,7 +104,11 @@ KVD_PIN(struct kvd_stats_rep, preemptions, 96);
 KVD_PIN(struct kvd_stats_rep, connections, 104);
 KVD_PIN(struct kvd_stats_rep, sessions, 108);
 KVD_PIN(struct kvd_stats_rep, steps, 112);
-KVD_PIN(struct kvd_stats_rep, resv, 120);
+KVD_PIN(struct kvd_stats_rep, restored_sessions, 120);
+KVD_PIN(struct kvd_stats_rep, restored_blocks, 124);
+KVD_PIN(struct kvd_stats_rep, restored_prefixes, 128);
+KVD_PIN(struct kvd_stats_rep, resumed_sessions, 132);
+KVD_PIN(struct kvd_stats_rep, resv, 136);
 
 /* The ring's two indices live on separate 64-byte cache lines. */
 KVD_PIN_SIZE(struct kvd_ring_hdr, 192);
