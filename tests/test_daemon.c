@@ -776,7 +776,7 @@ static const struct {
 	{ MB_HELLO_RESV, "nonzero HELLO resv", KVD_MSG_HELLO, -EINVAL, -EINVAL },
 	{ MB_ABI_NEXT, "the next ABI version", KVD_MSG_HELLO, -EPROTO, -EPROTO },
 	{ MB_ABI_0, "ABI version 0", KVD_MSG_HELLO, -EPROTO, -EPROTO },
-	{ MB_OPEN_RESV, "nonzero SESSION_OPEN resv0", KVD_MSG_SESSION_OPEN, -EINVAL, -EINVAL },
+	{ MB_OPEN_RESV, "nonzero SESSION_OPEN flags", KVD_MSG_SESSION_OPEN, -EINVAL, -EINVAL },
 	{ MB_OPEN_SQ3, "SESSION_OPEN sq_entries 3", KVD_MSG_SESSION_OPEN, -EINVAL, -EINVAL },
 	{ MB_CLOSE_UNKNOWN, "SESSION_CLOSE of an unknown id", KVD_MSG_SESSION_CLOSE, -ENOENT, -ENOENT },
 	{ MB_CLOSE_RESV, "nonzero SESSION_CLOSE resv", KVD_MSG_SESSION_CLOSE, -EINVAL, -EINVAL },
@@ -814,7 +814,7 @@ static size_t msg_mangle(uint8_t *buf, enum msg_bad bad, uint32_t seq)
 		*o = (struct kvd_session_open_req){ .hdr = wire_hdr(KVD_MSG_SESSION_OPEN, sizeof(*o)) };
 		o->hdr.seq = seq;
 		if (bad == MB_OPEN_RESV)
-			o->resv0 = 1;
+			o->flags = 1u << 7;	/* no such KVD_OPEN_ flag */
 		else
 			o->sq_entries = 3;
 		len = sizeof(*o);

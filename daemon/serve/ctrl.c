@@ -190,7 +190,7 @@ static int make_region(struct server *srv, struct conn *c, const struct kvd_sess
 
 static void do_session_open(struct server *srv, struct conn *c, const struct kvd_session_open_req *rq)
 {
-	if (rq->resv0 || !all_zero(rq->resv, sizeof(rq->resv))) {
+	if (rq->flags || !all_zero(rq->token, sizeof(rq->token))) {
 		ctrl_reply_error(c, &rq->hdr, KVD_MSG_SESSION_OPEN, -EINVAL);
 		return;
 	}
