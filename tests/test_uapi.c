@@ -52,13 +52,14 @@ static void test_constants(void **state)
 	assert_memory_equal(&(uint32_t){KVD_MAGIC}, "KVD1", 4);
 	assert_memory_equal(&(uint32_t){KVD_VOCAB_MAGIC}, "KVDV", 4);
 	assert_int_equal(KVD_ABI_VERSION, 2);
-	assert_int_equal(KVD_FEAT_ALL, 0x3fff);
+	assert_int_equal(KVD_FEAT_ALL, 0x7fff);
 	assert_int_equal(KVD_MSG_LAST, 6);
 	assert_int_equal(KVD_OP_LAST, 6);
 	/* Flags are distinct single bits. */
 	uint32_t cqe = KVD_CQE_MORE | KVD_CQE_EOS | KVD_CQE_LENGTH | KVD_CQE_CANCELLED |
-		       KVD_CQE_PREFIX_HIT | KVD_CQE_SHUTDOWN | KVD_CQE_PROGRESS;
-	assert_int_equal(__builtin_popcount(cqe), 7);
+		       KVD_CQE_PREFIX_HIT | KVD_CQE_SHUTDOWN | KVD_CQE_PROGRESS | KVD_CQE_REPLAY |
+		       KVD_CQE_RESTARTED;
+	assert_int_equal(__builtin_popcount(cqe), 9);
 	assert_int_equal(KVD_SQE_FLAGS_ALL, KVD_SQE_APPEND | KVD_SQE_STREAM | KVD_SQE_IGNORE_EOS |
 						 KVD_SQE_TEXT | KVD_SQE_CHAT | KVD_SQE_PLAIN |
 						 KVD_SQE_SPECIAL | KVD_SQE_PROGRESS | KVD_SQE_MESSAGES |
