@@ -241,6 +241,7 @@ void config_defaults(struct kvd_options *o)
 		.max_inflight = 256, .max_uid_conns = 64, .max_uid_sessions = 64, .max_uid_inflight = 1024,
 		.max_uid_arena = 1ull << 30, .sq_entries = 64, .cq_entries = 256, .arena_bytes = 1 << 20,
 		.max_arena_bytes = 64 << 20, .max_batch_rows = 32, .drain_timeout_ms = 5000,
+		.state_records = 1024, .resume_timeout_s = 600,
 	};
 	sampler_params_default(&o->sp);
 	/* model stays NULL: finish() looks for the default one once nothing names another. */

@@ -177,6 +177,31 @@ const struct cfg_opt config_opts[] = {
 	{ "no-prefix-cache", 0, CT_BOOL, F_LIVE, SEC_DAEMON, S(no_prefix_cache),
 	  .help = "never reuse cached prompt prefixes",
 	  .man = "Never reuse cached prompt prefixes." },
+	/* KV that survives a restart */
+	{ "no-persist", 0, CT_BOOL, 0, SEC_DAEMON, S(no_persist),
+	  .help = "do not keep the KV pool and sessions across a restart",
+	  .man = "Do not keep the KV pool, the prefix cache and the sessions across a\n"
+		 "restart. By default kvd keeps them in two memfds it hands to systemd's\n"
+		 "file-descriptor store (kvd.service sets\n.BR FileDescriptorStoreMax= )\n"
+		 "or, with\n.BR \\-\\-state\\-dir ,\nin files; after a restart or a crash,\n"
+		 "clients reopen their sessions by token and find their KV there." },
+	{ "state-dir", 0, CT_STR, 0, SEC_DAEMON, S(state_dir), .arg = "DIR",
+	  .help = "keep the KV pool and sessions in DIR/kvpool and DIR/kvstate\n"
+		  "(use a tmpfs: the pool file is as large as the pool)",
+	  .man = "Keep the KV pool and the session state as the files\n.I DIR/kvpool\nand\n"
+		 ".IR DIR/kvstate ,\nfor running without systemd's file-descriptor store\n"
+		 "(a crash then a manual start resumes the same way). Put\n.I DIR\n"
+		 "on a tmpfs such as\n.IR /run :\nthe pool file is as large as the pool, and\n"
+		 "a disk would be written to. One kvd at a time may use a directory." },
+	{ "state-records", 0, CT_U32, 0, SEC_DAEMON, S(state_records), RANGE(1, 1 << 20),
+	  .arg = "N", .help = "sequence slots the kept state holds, all sessions together (default 1024)",
+	  .man = "Sequence slots the kept state can describe, all sessions together\n"
+		 "(default 1024). Each takes 4 bytes per context position, paid in memory\n"
+		 "only as it is used; a session's slot beyond them is not kept." },
+	{ "resume-timeout", 0, CT_U32, F_LIVE, SEC_DAEMON, S(resume_timeout_s), RANGE(1, 1 << 24),
+	  .arg = "S", .help = "let go of a restored session nobody reopens after S seconds (default 600)",
+	  .man = "A session restored at start that no client reopens within\n.I S\n"
+		 "seconds (default 600) is let go: its blocks stay in the prefix cache." },
 	/* the service */
 	{ "socket", 0, CT_STR, 0, SEC_DAEMON, S(socket_path), .arg = "PATH",
 	  .help = "endpoint (default $RUNTIME_DIRECTORY/kvd.sock under systemd,\n"

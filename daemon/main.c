@@ -10,6 +10,7 @@
 #include "daemon/config.h"
 #include "daemon/engine/kvpool.h"
 #include "daemon/log.h"
+#include "daemon/serve/persist.h"
 #include "daemon/serve/server.h"
 #include "daemon/serve/service.h"
 #include "daemon/model/gguf.h"
@@ -26,7 +27,8 @@ static void reload_config(void *arg, struct server_config *live)
 	config_reload(arg, live);
 }
 
-static int serve(struct kvd_options *o, struct model *m, struct backend *be, struct kvpool *pool)
+static int serve(struct kvd_options *o, struct model *m, struct backend *be, struct kvpool *pool,
+		 struct persist *ps)
 {
 	char err[256], path[256];
 	struct tokenizer *tok;
@@ -52,7 +54,7 @@ static int serve(struct kvd_options *o, struct model *m, struct backend *be, str
 	struct kvd_bpf *obs;
 	rc = obs_start((enum kvd_bpf_mode)o->bpf, o->srv.socket_path, o->instance, o->srv.socket_gid, &obs);
 	if (!rc)
-		rc = server_create(&srv, &o->srv, m, tok, be, pool);
+		rc = server_create(&srv, &o->srv, m, tok, be, pool, ps);
 	if (!rc) {
 		log_msg(LOG_NOTICE, "model %s, %s backend (%u threads)", m->hp.name,
 			be->ops->name, be->n_threads);
@@ -65,42 +67,90 @@ static int serve(struct kvd_options *o, struct model *m, struct backend *be, str
 }
 
 /*
- * The KV pool, reserved once. The daemon's (tokens 0): --kv-blocks, else
+ * The KV pool's shape. The daemon's (tokens 0): --kv-blocks, else
  * --kv-mem, else 64k tokens. --prompt's: room for its one request of
  * tokens positions and a block to spare, whatever the daemon's size says.
  */
-static int make_pool(const struct kvd_options *o, const struct model *m, struct backend *be,
-		     uint32_t tokens, struct kvpool **out)
+static int pool_config(const struct kvd_options *o, const struct model *m, uint32_t tokens,
+		       struct kvpool_config *pc)
 {
-	struct kvpool_config pc = {
+	*pc = (struct kvpool_config){
 		.block_tokens = o->kv_block_tokens, .n_layers = m->hp.n_layers,
 		.kv_dim = m->hp.kv_dim, .kv_type = o->kv_type,
 	};
-	size_t tok = kvpool_token_bytes(pc.kv_type, pc.n_layers, pc.kv_dim);
-	size_t blk = tok * pc.block_tokens;
+	size_t blk = kvpool_token_bytes(pc->kv_type, pc->n_layers, pc->kv_dim) * pc->block_tokens;
 	if (tokens)
-		pc.n_blocks = (tokens + pc.block_tokens - 1) / pc.block_tokens + 1;
+		pc->n_blocks = (tokens + pc->block_tokens - 1) / pc->block_tokens + 1;
 	else if (o->kv_blocks)
-		pc.n_blocks = o->kv_blocks;
+		pc->n_blocks = o->kv_blocks;
 	else if (o->kv_mem)
-		pc.n_blocks = (uint32_t)(o->kv_mem / blk < UINT32_MAX ? o->kv_mem / blk : UINT32_MAX);
+		pc->n_blocks = (uint32_t)(o->kv_mem / blk < UINT32_MAX ? o->kv_mem / blk : UINT32_MAX);
 	else
-		pc.n_blocks = (65536 + pc.block_tokens - 1) / pc.block_tokens;
-	if (pc.n_blocks == 0) {
+		pc->n_blocks = (65536 + pc->block_tokens - 1) / pc->block_tokens;
+	if (pc->n_blocks == 0) {
 		log_msg(LOG_ERR, "kv-mem is smaller than one block (%zu bytes)", blk);
 		return -EINVAL;
 	}
-	int rc = kvpool_create_on(out, &pc, be);
-	if (rc) {
-		log_msg(LOG_ERR, "cannot reserve the KV pool (%u blocks of %zu bytes): %s",
-			pc.n_blocks, blk, strerror(-rc));
-		return rc;
-	}
+	return 0;
+}
+
+static void pool_logged(const struct kvd_options *o, const struct kvpool_config *pc)
+{
+	size_t tok = kvpool_token_bytes(pc->kv_type, pc->n_layers, pc->kv_dim);
+	size_t blk = tok * pc->block_tokens;
 	log_msg(LOG_NOTICE, "KV cache %s: %zu bytes per token (2 x %u layers x %u kv_dim x %s), pool %u blocks x %u tokens = %llu tokens, %.1f MiB",
 		o->kv_type == KB_F32 ? "f32" : o->kv_type == KB_Q8_0 ? "q8_0" : "f16", tok,
-		pc.n_layers, pc.kv_dim, o->kv_type == KB_F32 ? "4 B" : o->kv_type == KB_Q8_0 ? "34/32 B" : "2 B",
-		pc.n_blocks, pc.block_tokens, (unsigned long long)pc.n_blocks * pc.block_tokens,
-		(double)blk * pc.n_blocks / (1 << 20));
+		pc->n_layers, pc->kv_dim, o->kv_type == KB_F32 ? "4 B" : o->kv_type == KB_Q8_0 ? "34/32 B" : "2 B",
+		pc->n_blocks, pc->block_tokens, (unsigned long long)pc->n_blocks * pc->block_tokens,
+		(double)blk * pc->n_blocks / (1 << 20));
+}
+
+static int make_pool(const struct kvd_options *o, const struct model *m, struct backend *be,
+		     uint32_t tokens, struct kvpool **out)
+{
+	struct kvpool_config pc;
+	int rc = pool_config(o, m, tokens, &pc);
+	if (!rc && (rc = kvpool_create_on(out, &pc, be)))
+		log_msg(LOG_ERR, "cannot reserve the KV pool (%u blocks of %zu bytes): %s", pc.n_blocks,
+			kvpool_token_bytes(pc.kv_type, pc.n_layers, pc.kv_dim) * pc.block_tokens,
+			strerror(-rc));
+	if (!rc)
+		pool_logged(o, &pc);
+	return rc;
+}
+
+/*
+ * The daemon's pool: in the memfd the last run left (systemd's fd store or
+ * --state-dir) when its state checks out, so its KV and sessions come back;
+ * in a fresh one otherwise. A pool in device memory cannot outlive kvd.
+ */
+static int make_daemon_pool(struct kvd_options *o, struct model *m, struct backend *be,
+			    struct kvpool **out, struct persist **ps)
+{
+	struct kvpool_config pc;
+	int rc = pool_config(o, m, 0, &pc);
+	*ps = NULL;
+	if (rc)
+		return rc;
+	if (!be->host_mem) {
+		if (!o->srv.no_persist && (o->srv.state_dir || getenv("NOTIFY_SOCKET")))
+			log_msg(LOG_NOTICE, "KV is not kept across restarts on the %s backend: its pool is "
+				"in device memory", be->ops->name);
+		return make_pool(o, m, be, 0, out);
+	}
+	struct persist_geom g = { model_identity(m), pc, m->hp.ctx_len, m->hp.vocab };
+	if ((rc = persist_open(ps, &o->srv, &g)))
+		return rc;
+	if (!*ps)
+		return make_pool(o, m, be, 0, out);
+	if ((rc = kvpool_create_fd(out, &pc, persist_pool_fd(*ps)))) {
+		log_msg(LOG_ERR, "cannot map the KV pool (%u blocks): %s", pc.n_blocks, strerror(-rc));
+		persist_close(*ps);
+		*ps = NULL;
+		return rc;
+	}
+	persist_attach(*ps, *out);
+	pool_logged(o, &pc);
 	return 0;
 }
 
@@ -153,6 +203,7 @@ int main(int argc, char **argv)
 	int daemon = !o.prompt && !o.info && !perplexity_mode(&o);
 	if (daemon) {
 		server_block_signals(NULL);	/* before any thread exists, so none gets one */
+		service_collect_fds();		/* the socket and the fd store's memfds, once */
 		service_notify("STATUS=loading model %s", o.model);
 	}
 	if ((rc = model_load(&m, o.model, err, sizeof(err)))) {
@@ -186,10 +237,14 @@ int main(int argc, char **argv)
 		goto out_backend;
 	}
 	service_notify("STATUS=reserving the KV pool");
-	if (make_pool(&o, m, be, 0, &pool))
+	struct persist *ps;
+	if (make_daemon_pool(&o, m, be, &pool, &ps)) {
+		status = 2;
 		goto out_backend;
-	status = serve(&o, m, be, pool) ? 1 : 0;
+	}
+	status = serve(&o, m, be, pool, ps) ? 1 : 0;
 	kvpool_destroy(pool);
+	persist_close(ps);
 out_backend:
 	be->ops->destroy(be);
 out_model:

@@ -305,6 +305,12 @@ void engine_pool_stats(const struct engine *e, struct kvpool_stats *out)
 	kvpool_get_stats(e->pool, out);
 }
 
+int engine_pool_check(const struct engine *e, const struct kvseq *const *seqs, size_t n, char *err,
+		      size_t errlen)
+{
+	return kvpool_check(e->pool, seqs, n, err, errlen);
+}
+
 size_t engine_scratch_bytes(const struct engine *e)
 {
 	return e->arena_bytes;

@@ -50,6 +50,9 @@ const struct model *engine_model(const struct engine *e);
 uint32_t engine_pool_block_tokens(const struct engine *e);
 uint32_t engine_pool_blocks(const struct engine *e);
 void engine_pool_stats(const struct engine *e, struct kvpool_stats *out);
+/* kvpool_check() of the pool against every live sequence, for debugging and tests. */
+int engine_pool_check(const struct engine *e, const struct kvseq *const *seqs, size_t n, char *err,
+		      size_t errlen);
 
 /* ns: the prefix-cache namespace (the owner's uid, or 0 for global sharing). */
 void engine_seq_init(struct engine *e, struct engine_seq *s, uint32_t ns);

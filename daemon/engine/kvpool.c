@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 /* For XXH3_state_t on the stack: the header and library come from one package. */
 #define XXH_STATIC_LINKING_ONLY
@@ -240,34 +242,106 @@ struct backend *kvpool_backend(const struct kvpool *p)
 	return p->be;
 }
 
-int kvpool_create_on(struct kvpool **out, const struct kvpool_config *cfg, struct backend *be)
+/* Row, block and pool bytes of cfg; -EINVAL for a bad config or a size that overflows. */
+static int pool_sizes(const struct kvpool_config *cfg, size_t *row, size_t *block, size_t *total)
 {
-	struct kvpool *p;
-	size_t row, block, total;
-	uint32_t bt;
+	uint32_t bt = cfg->block_tokens;
 
-	if (!out || !cfg)
-		return -EINVAL;
-	*out = NULL;
-	bt = cfg->block_tokens;
 	if (cfg->n_blocks < 1 || cfg->n_layers < 1 || cfg->kv_dim < 1 ||
 	    bt < 1 || bt > MAX_BLOCK_TOKENS || (bt & (bt - 1)))
 		return -EINVAL;
-	row = kvpool_row_bytes(cfg->kv_type, cfg->kv_dim);
-	if (!row)
+	*row = kvpool_row_bytes(cfg->kv_type, cfg->kv_dim);
+	if (!*row)
 		return -EINVAL;	/* unknown type, or q8_0 with kv_dim % 32 */
-	if (__builtin_mul_overflow((size_t)cfg->n_layers, (size_t)2 * bt, &block) ||
-	    __builtin_mul_overflow(block, row, &block) ||
-	    __builtin_mul_overflow(block, (size_t)cfg->n_blocks, &total))
+	if (__builtin_mul_overflow((size_t)cfg->n_layers, (size_t)2 * bt, block) ||
+	    __builtin_mul_overflow(*block, *row, block) ||
+	    __builtin_mul_overflow(*block, (size_t)cfg->n_blocks, total))
 		return -EINVAL;
+	return 0;
+}
 
+size_t kvpool_pool_bytes(const struct kvpool_config *cfg)
+{
+	size_t row, block, total;
+
+	return cfg && !pool_sizes(cfg, &row, &block, &total) ? total : 0;
+}
+
+size_t kvpool_rec_bytes(uint32_t block_tokens)
+{
+	/* 8-aligned, so every record's u64 fields are */
+	return (sizeof(struct kvblock_rec) + (size_t)block_tokens * sizeof(uint32_t) + 7) & ~(size_t)7;
+}
+
+/* The pool without its blocks, or NULL (*rc says why). */
+static struct kvpool *pool_new(const struct kvpool_config *cfg, int *rc)
+{
+	struct kvpool *p;
+	size_t row, block, total;
+
+	*rc = pool_sizes(cfg, &row, &block, &total);
+	if (*rc)
+		return NULL;
 	p = calloc(1, sizeof(*p));
-	if (!p)
-		return -ENOMEM;
+	if (!p) {
+		*rc = -ENOMEM;
+		return NULL;
+	}
 	p->cfg = *cfg;
 	p->row_bytes = row;
 	p->block_bytes = block;
 	p->pool_bytes = total;
+	return p;
+}
+
+int kvpool_create_fd(struct kvpool **out, const struct kvpool_config *cfg, int fd)
+{
+	struct stat st;
+	int rc;
+
+	if (!out || !cfg || fd < 0)
+		return -EINVAL;
+	*out = NULL;
+	struct kvpool *p = pool_new(cfg, &rc);
+	if (!p)
+		return rc;
+	if (fstat(fd, &st) || ((size_t)st.st_size != p->pool_bytes &&
+			       ftruncate(fd, (off_t)p->pool_bytes))) {
+		rc = -errno;
+		kvpool_destroy(p);
+		return rc;
+	}
+	/* Shared, so the blocks stay in fd's pages when the process goes. */
+	void *m = mmap(NULL, p->pool_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (m == MAP_FAILED) {
+		rc = -errno;
+		kvpool_destroy(p);
+		return rc;
+	}
+	p->base = m;
+	p->fd_backed = 1;
+	if (p->pool_bytes >= (2u << 20))
+		madvise(m, p->pool_bytes, MADV_HUGEPAGE);	/* best effort (shmem_enabled=advise) */
+	if ((rc = tables_create(p))) {
+		kvpool_destroy(p);
+		return rc;
+	}
+	*out = p;
+	return 0;
+}
+
+int kvpool_create_on(struct kvpool **out, const struct kvpool_config *cfg, struct backend *be)
+{
+	struct kvpool *p;
+	size_t total;
+	int rc;
+
+	if (!out || !cfg)
+		return -EINVAL;
+	*out = NULL;
+	if (!(p = pool_new(cfg, &rc)))
+		return rc;
+	total = p->pool_bytes;
 
 	if (be && !be->host_mem) {
 		/* Device memory, allocated once; only the backend reads and writes it. */
@@ -320,6 +394,8 @@ int kvpool_alloc(struct kvpool *p, uint32_t *id)
 	} else {
 		return -ENOSPC;
 	}
+	/* Before anyone writes it: its record no longer vouches for what it held. */
+	rec_set_state(p, b, 0);
 	p->refcount[b] = 1;
 	p->in_use++;
 	*id = b;
@@ -342,8 +418,11 @@ void kvpool_unref(struct kvpool *p, uint32_t id)
 	if (--p->refcount[id])
 		return;
 	p->in_use--;
-	if (p->registered[id])
+	if (p->registered[id]) {
 		list_push_tail(p, &p->lru, id);	/* most recently used end */
+		if (p->recs)
+			pool_rec(p, id)->stamp = ++p->stamp;
+	}
 	else
 		list_push_head(p, &p->free, id);
 	KVD_PROBE(kv_free, id, p->in_use, p->lru.n, p->free.n);
@@ -412,7 +491,107 @@ int kvpool_register(struct kvpool *p, uint32_t id, uint64_t key)
 	ht_insert(p, key, id);
 	p->registered[id] = 1;
 	p->key[id] = key;
+	if (p->recs && pool_rec(p, id)->state && pool_rec(p, id)->key == key)
+		rec_set_state(p, id, KVB_SEALED | KVB_REGISTERED);
 	return 0;
+}
+
+void kvpool_seal(struct kvpool *p, uint32_t id, uint64_t parent, uint32_t ns, uint64_t key,
+		 const uint32_t *tokens)
+{
+	if (!p->recs || id >= p->cfg.n_blocks)
+		return;
+	struct kvblock_rec *r = pool_rec(p, id);
+	r->key = key;
+	r->parent = parent;
+	r->ns = ns;
+	memcpy(r->tokens, tokens, (size_t)p->cfg.block_tokens * sizeof(*tokens));
+	rec_set_state(p, id, p->registered[id] && p->key[id] == key ? KVB_SEALED | KVB_REGISTERED
+								      : KVB_SEALED);
+}
+
+/* ---- persistence ---- */
+
+void kvpool_set_records(struct kvpool *p, void *recs)
+{
+	p->recs = recs;
+	p->rec_bytes = kvpool_rec_bytes(p->cfg.block_tokens);
+}
+
+static void restore_lists(struct kvpool *p);
+
+void kvpool_restore(struct kvpool *p, uint32_t vocab, struct kvpool_restored *out)
+{
+	const uint32_t bt = p->cfg.block_tokens;
+	struct kvpool_restored st = { 0, 0, 0 };
+
+	for (uint32_t id = 0; p->recs && id < p->cfg.n_blocks; id++) {
+		struct kvblock_rec *r = pool_rec(p, id);
+		uint32_t state = r->state, ok = state == KVB_SEALED || state == (KVB_SEALED | KVB_REGISTERED);
+
+		if (!state)
+			continue;
+		for (uint32_t t = 0; ok && t < bt; t++)
+			ok = r->tokens[t] < vocab;
+		if (!ok || kvpool_key(r->parent, r->ns, r->tokens, bt) != r->key) {
+			r->state = 0;
+			st.dropped++;
+			continue;
+		}
+		st.sealed++;
+		if (r->stamp > p->stamp)
+			p->stamp = r->stamp;	/* new releases sort after every old one */
+		if (!(state & KVB_REGISTERED))
+			continue;
+		if (ht_find(p, r->key) != SIZE_MAX) {
+			r->state = KVB_SEALED;	/* a second block of that prefix: private, like at run time */
+			continue;
+		}
+		ht_insert(p, r->key, id);
+		p->registered[id] = 1;
+		p->key[id] = r->key;
+		st.registered++;
+	}
+	restore_lists(p);
+	if (out)
+		*out = st;
+}
+
+static int stamp_cmp(const void *a, const void *b, void *arg)
+{
+	uint64_t x = pool_rec(arg, *(const uint32_t *)a)->stamp;
+	uint64_t y = pool_rec(arg, *(const uint32_t *)b)->stamp;
+	return x < y ? -1 : x > y;
+}
+
+/* Unheld registered blocks cached in their old LRU order, every other block free. */
+static void restore_lists(struct kvpool *p)
+{
+	uint32_t n = p->cfg.n_blocks, n_lru = 0, *lru = malloc((size_t)n * sizeof(*lru));
+
+	list_init(&p->free);
+	list_init(&p->lru);
+	for (uint32_t id = n; id-- > 0;) {
+		if (p->refcount[id])
+			continue;
+		if (p->registered[id] && lru) {
+			lru[n_lru++] = id;
+			continue;
+		}
+		if (p->registered[id])
+			unregister_block(p, id);	/* no memory to order them: drop, never corrupt */
+		/* Unheld and private: its K/V are free to be overwritten. */
+		if (p->recs)
+			pool_rec(p, id)->state = 0;
+		list_push_head(p, &p->free, id);
+	}
+	if (lru) {
+		/* Least recently released first, as they were. */
+		qsort_r(lru, n_lru, sizeof(*lru), stamp_cmp, p);
+		for (uint32_t i = 0; i < n_lru; i++)
+			list_push_tail(p, &p->lru, lru[i]);
+	}
+	free(lru);
 }
 
 void kvpool_get_stats(const struct kvpool *p, struct kvpool_stats *out)

@@ -179,6 +179,66 @@ int kvseq_fork(struct kvpool *p, struct kvseq *dst, const struct kvseq *src);
 
 void kvpool_get_stats(const struct kvpool *p, struct kvpool_stats *out);
 
+/* ---- persistence: the pool outliving its process ---- */
+
+/*
+ * What survives of a block beside its K/V, in memory that outlives the
+ * process (the daemon's state memfd): enough to trust the block after a
+ * restart. The pool writes a block's tokens, parent, ns and key before
+ * state says KVB_SEALED: its K/V are all written and stay as they are
+ * while it is sealed (a sealed block is only ever read; a write goes to a
+ * copy or follows an unseal). state is cleared before a block is handed
+ * out again, so a crash at any instruction never leaves a record that
+ * vouches for K/V being rewritten. stamp orders cached blocks (LRU).
+ */
+struct kvblock_rec {
+	uint64_t key;		/* kvpool_key(parent, ns, tokens) */
+	uint64_t parent;	/* key of the block before it in its sequence; 0 for the first */
+	uint64_t stamp;		/* when it was last released, for the LRU order */
+	uint32_t ns;
+	uint32_t state;		/* 0, KVB_SEALED, or KVB_SEALED | KVB_REGISTERED */
+	uint32_t tokens[];	/* (block_tokens,) */
+};
+
+#define KVB_SEALED	1u
+#define KVB_REGISTERED	2u
+
+/* Bytes of one record; the records of a pool are n_blocks of them, back to back. */
+size_t kvpool_rec_bytes(uint32_t block_tokens);
+/* Bytes of the blocks cfg describes; 0 for a bad config or one that overflows. */
+size_t kvpool_pool_bytes(const struct kvpool_config *cfg);
+
+/*
+ * A host-memory pool whose blocks are fd's bytes (MAP_SHARED), so they
+ * outlive the process: fd is made kvpool_pool_bytes() long if it is not,
+ * and what it holds is kept. The caller keeps fd open and owns it.
+ */
+int kvpool_create_fd(struct kvpool **out, const struct kvpool_config *cfg, int fd);
+
+/*
+ * From now on keep the blocks' records at recs (n_blocks records of
+ * kvpool_rec_bytes(), 8-aligned): zeroed, or what a previous run of the
+ * same pool left there, which kvpool_restore() then reads.
+ */
+void kvpool_set_records(struct kvpool *p, void *recs);
+
+struct kvpool_restored {
+	uint32_t sealed;	/* records that check out */
+	uint32_t registered;	/* of them, back in the prefix index (cached) */
+	uint32_t dropped;	/* records that did not check out (cleared) */
+};
+
+/*
+ * After a restart, on a pool no sequence has touched yet: trust the
+ * records that check out (a known state, every token id below vocab, the
+ * key that parent, ns and tokens give), put the registered ones back in
+ * the prefix index (a second block of a key stays out, as at run time)
+ * and on the LRU list in their old order; every other block is free and
+ * its record cleared. Sequences then find their blocks the usual way,
+ * kvseq_attach_prefix().
+ */
+void kvpool_restore(struct kvpool *p, uint32_t vocab, struct kvpool_restored *out);
+
 /*
  * Check every invariant (each block exactly once in free / cached / in use,
  * refcounts equal the references of the given live sequences, hash table

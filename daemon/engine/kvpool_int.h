@@ -47,7 +47,32 @@ struct kvpool {
 
 	/* Counters; the block counts and byte totals are filled in by kvpool_get_stats. */
 	struct kvpool_stats st;
+
+	uint8_t *recs;		/* (n_blocks, rec_bytes) in the state memfd, or NULL */
+	size_t rec_bytes;
+	uint64_t stamp;		/* the last LRU stamp given */
+	int fd_backed;		/* base maps a caller's fd (MAP_SHARED) */
 };
+
+static inline struct kvblock_rec *pool_rec(const struct kvpool *p, uint32_t id)
+{
+	return (struct kvblock_rec *)(p->recs + (size_t)id * p->rec_bytes);
+}
+
+/*
+ * A record's state, stored after (release) everything it vouches for, so
+ * that whatever instruction a crash stops at, a record that says sealed
+ * describes K/V that are all there.
+ */
+static inline void rec_set_state(struct kvpool *p, uint32_t id, uint32_t state)
+{
+	if (p->recs)
+		__atomic_store_n(&pool_rec(p, id)->state, state, __ATOMIC_RELEASE);
+}
+
+/* Seal block id of a sequence: its K/V are written and its key is known. */
+void kvpool_seal(struct kvpool *p, uint32_t id, uint64_t parent, uint32_t ns, uint64_t key,
+		 const uint32_t *tokens);
 
 /* A broken invariant: -EUCLEAN with what broke in err. */
 #define bad(err, len, ...) log_errf((err), (len), -EUCLEAN, __VA_ARGS__)

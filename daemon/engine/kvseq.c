@@ -166,6 +166,8 @@ int kvseq_prepare(struct kvpool *p, struct kvseq *s, uint32_t from, uint32_t to)
 		uint32_t b = s->blocks[from / bt];
 		if (p->refcount[b] > 1 || p->registered[b])
 			cow = from / bt;
+		else
+			rec_set_state(p, b, 0);	/* rewritten in place: sealed no more */
 	}
 
 	/*
@@ -241,6 +243,7 @@ int kvseq_commit(struct kvpool *p, struct kvseq *s, uint32_t from, uint32_t to,
 		 * block stays private, but the chain still advances so the blocks
 		 * after it get the keys a later prompt will look up.
 		 */
+		kvpool_seal(p, s->blocks[i], s->last_key, s->ns, key, s->tokens + (size_t)i * bt);
 		kvpool_register(p, s->blocks[i], key);
 		s->last_key = key;
 		s->n_keyed = i + 1;

@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#define XXH_STATIC_LINKING_ONLY
+#include <xxhash.h>
 #include "daemon/model/gguf.h"
 #include "daemon/model/model_int.h"
 #include "daemon/log.h"
@@ -580,6 +582,27 @@ int model_load(struct model **out, const char *path, char *err, size_t errlen)
 	model_pick_longrope(m);
 	*out = m;
 	return 0;
+}
+
+uint64_t model_identity(const struct model *m)
+{
+	const struct gguf_file *f = m->gguf;
+	size_t meta = f->size;
+	XXH3_state_t st;
+
+	/* The tensor data starts at the lowest offset: everything before it is metadata. */
+	for (uint64_t i = 0; i < f->n_tensors; i++) {
+		size_t off = (size_t)((const uint8_t *)f->tensors[i].data - f->base);
+		if (off < meta)
+			meta = off;
+	}
+	XXH3_64bits_reset(&st);
+	XXH3_64bits_update(&st, f->base, meta);
+	for (uint64_t i = 0; i < f->n_tensors; i++) {
+		const struct gguf_tensor *t = &f->tensors[i];
+		XXH3_64bits_update(&st, t->data, t->size < 4096 ? t->size : 4096);
+	}
+	return XXH3_64bits_digest(&st);
 }
 
 void model_free(struct model *m)

@@ -103,6 +103,14 @@ struct model {
  */
 int model_load(struct model **out, const char *path, char *err, size_t errlen);
 void model_free(struct model *m);
+/*
+ * What the model is, as one 64-bit hash: the GGUF's header, metadata and
+ * tensor table (names, shapes, types, data offsets) and the first 4 KiB of
+ * every tensor's data, so the same file gives the same value and a
+ * re-quantized or fine-tuned file with the same layout does not. Saved KV
+ * is trusted only under the identity it was computed with.
+ */
+uint64_t model_identity(const struct model *m);
 
 /*
  * Let sequences use ctx positions (0: the trained context) instead of the

@@ -14,6 +14,7 @@
 #include <unistd.h>
 #include "daemon/log.h"
 #include "daemon/model/model.h"
+#include "daemon/serve/persist.h"
 #include "daemon/serve/server.h"
 #include "daemon/tokenizer/tokenizer.h"
 #include "kernels/backend.h"
@@ -141,6 +142,9 @@ static void do_hello(struct server *srv, struct conn *c, const struct kvd_hello_
 	r.hdr = (struct kvd_msg_hdr){ .magic = KVD_MAGIC, .type = KVD_MSG_HELLO, .seq = rq->hdr.seq };
 	r.abi_version = KVD_ABI_VERSION;
 	r.features = rq->features & KVD_FEAT_ALL;
+	if (!srv->ps)
+		r.features &= ~KVD_FEAT_RESUME;	/* nothing is kept across a restart */
+	c->features = r.features;
 	r.vocab_size = hp->vocab;
 	r.ctx_len = hp->ctx_len;
 	r.bos_id = tokenizer_bos(srv->tok);
@@ -188,9 +192,62 @@ static int make_region(struct server *srv, struct conn *c, const struct kvd_sess
 	return rc;
 }
 
+/* A session of that token open on some live connection? */
+static int token_open(struct server *srv, const void *token)
+{
+	for (struct conn *c = srv->conns; c; c = c->next)
+		for (uint32_t i = 0; !c->dead && i < SRV_MAX_SESSIONS; i++)
+			if (c->sessions[i] && !memcmp(c->sessions[i]->token, token, 16))
+				return 1;
+	return 0;
+}
+
+/*
+ * KVD_OPEN_RESUME: the orphan of that token, taken off the list for c.
+ * *idx is the table index its id names. -ESTALE: none (or another uid's);
+ * -EBUSY: open on a connection, or its index is taken on this one.
+ */
+static int take_orphan(struct server *srv, struct conn *c, const void *token,
+		       struct session **out, uint32_t *idx)
+{
+	for (struct session **pp = &srv->orphans; *pp; pp = &(*pp)->next_orphan) {
+		struct session *o = *pp;
+		if (memcmp(o->token, token, 16))
+			continue;
+		if (o->uid != c->uid)
+			return -ESTALE;	/* one session, one uid: the same answer as no session */
+		*idx = o->id & 0xff;
+		if (*idx >= srv->cfg.max_sessions || c->sessions[*idx])
+			return -EBUSY;
+		*pp = o->next_orphan;
+		o->next_orphan = NULL;
+		*out = o;
+		return 0;
+	}
+	return token_open(srv, token) ? -EBUSY : -ESTALE;
+}
+
+/* A resumed session's slots: how many came back, how many were lost; replays posted to c. */
+static void resumed_slots(struct conn *c, struct session *s, uint32_t *restored, uint32_t *lost)
+{
+	*restored = *lost = 0;
+	for (uint32_t k = 0; k < s->n_slots; k++) {
+		struct slot *sl = &s->slots[k];
+		*lost += sl->lost != 0;
+		*restored += !sl->lost && (sl->live || sl->n_resume || sl->has_pending);
+		if (sl->has_last) {
+			struct kvd_cqe q = sl->last;
+			q.flags |= KVD_CQE_REPLAY;
+			region_post(&c->rg, &q);
+		}
+	}
+}
+
 static void do_session_open(struct server *srv, struct conn *c, const struct kvd_session_open_req *rq)
 {
-	if (rq->flags || !all_zero(rq->token, sizeof(rq->token))) {
+	int resume = rq->flags == KVD_OPEN_RESUME;
+	if ((rq->flags && !resume) || (resume && !(c->features & KVD_FEAT_RESUME)) ||
+	    (!resume && !all_zero(rq->token, sizeof(rq->token)))) {
 		ctrl_reply_error(c, &rq->hdr, KVD_MSG_SESSION_OPEN, -EINVAL);
 		return;
 	}
@@ -202,22 +259,44 @@ static void do_session_open(struct server *srv, struct conn *c, const struct kvd
 	uint64_t want = rq->arena_bytes ? rq->arena_bytes : srv->cfg.arena_bytes;
 	if (!rc && first && c->use->arena + want > srv->cfg.max_uid_arena)
 		rc = -EDQUOT;
-	for (uint32_t i = 0; !rc && i < srv->cfg.max_sessions && idx == SRV_MAX_SESSIONS; i++)
-		if (!c->sessions[i])
-			idx = i;
 	struct session *s = NULL;
-	if (!rc && !(s = session_new(srv->cfg.max_slots)))
-		rc = -ENOMEM;
+	if (!rc && resume) {
+		rc = take_orphan(srv, c, rq->token, &s, &idx);
+	} else {
+		for (uint32_t i = 0; !rc && i < srv->cfg.max_sessions && idx == SRV_MAX_SESSIONS; i++)
+			if (!c->sessions[i])
+				idx = i;
+		if (!rc && !(s = session_new(srv->cfg.max_slots)))
+			rc = -ENOMEM;
+	}
 	if (!rc && first)
 		rc = make_region(srv, c, rq);
 	if (rc) {
+		if (s && resume) {
+			/* Still waiting for a client that can take it. */
+			s->next_orphan = srv->orphans;
+			srv->orphans = s;
+			s = NULL;
+		}
 		pthread_mutex_unlock(&srv->lock);
 		session_free(s);
 		ctrl_reply_error(c, &rq->hdr, KVD_MSG_SESSION_OPEN, rc);
 		return;
 	}
-	/* Session ids carry their table index in the low bits and a generation above. */
-	s->id = (++c->next_session << 8) | idx;
+	uint32_t restored = 0, lost = 0;
+	if (resume) {
+		/* The same id: the client's SQEs name it. The generation counter moves past it. */
+		if (c->next_session < (s->id >> 8))
+			c->next_session = s->id >> 8;
+		resumed_slots(c, s, &restored, &lost);
+		srv->resumed_sessions++;
+		log_msg(LOG_INFO, "session %08x resumed by pid %d: %u slots back, %u lost", s->id,
+			(int)c->pid, restored, lost);
+	} else {
+		/* Session ids carry their table index in the low bits and a generation above. */
+		s->id = (++c->next_session << 8) | idx;
+		persist_session_open(srv->ps, s, c->uid);
+	}
 	c->sessions[idx] = s;
 	c->n_sessions++;
 	c->use->sessions++;
@@ -229,7 +308,7 @@ static void do_session_open(struct server *srv, struct conn *c, const struct kvd
 	r.hdr = (struct kvd_msg_hdr){ .magic = KVD_MAGIC, .type = KVD_MSG_SESSION_OPEN,
 				      .seq = rq->hdr.seq };
 	r.session_id = s->id;
-	r.flags = first ? KVD_OPENF_FDS : 0;
+	r.flags = (first ? KVD_OPENF_FDS : 0) | (resume ? KVD_OPENF_RESUMED : 0);
 	r.sq_entries = c->rg.sq_entries;
 	r.cq_entries = c->rg.cq_entries;
 	r.region_bytes = c->rg.bytes;
@@ -239,6 +318,11 @@ static void do_session_open(struct server *srv, struct conn *c, const struct kvd
 	r.cqes_off = (uint64_t)((uint8_t *)c->rg.cqes - c->rg.base);
 	r.arena_off = (uint64_t)(c->rg.arena - c->rg.base);
 	r.arena_bytes = c->rg.arena_bytes;
+	if (c->features & KVD_FEAT_RESUME) {
+		memcpy(r.resume_token, s->token, sizeof(r.resume_token));
+		r.restored_slots = restored;
+		r.lost_slots = lost;
+	}
 	pthread_mutex_unlock(&srv->lock);
 	int fds[3] = { c->rg.memfd, c->rg.peer_kick_fd, c->rg.peer_call_fd };
 	int rc2 = send_reply(c, &r, sizeof(r), fds, first ? 3 : 0);
@@ -290,6 +374,10 @@ static void do_stats(struct server *srv, struct conn *c, const struct kvd_msg_hd
 	r.steps = srv->n_steps;
 	r.connections = srv->n_conns;
 	r.sessions = srv->n_sessions;
+	r.restored_sessions = srv->restored_sessions;
+	r.restored_blocks = srv->restored_blocks;
+	r.restored_prefixes = srv->restored_prefixes;
+	r.resumed_sessions = srv->resumed_sessions;
 	pthread_mutex_unlock(&srv->lock);
 	send_reply(c, &r, sizeof(r), NULL, 0);
 }

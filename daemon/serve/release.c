@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include "daemon/probes.h"
 #include "daemon/engine/sampler.h"
+#include "daemon/serve/persist.h"
 #include "daemon/serve/server.h"
 
 struct session *session_new(uint32_t n_slots)
@@ -64,6 +65,8 @@ void release_slot_reset(struct server *srv, struct slot *sl)
 	free(sl->resume);
 	sl->resume = NULL;
 	sl->n_resume = 0;
+	sl->resume_logits = 0;
+	sl->lost = 0;	/* whatever was lost no longer matters */
 }
 
 void release_req_free(struct request *r)
@@ -86,6 +89,15 @@ void release_request(struct server *srv, struct request *r, int32_t res, uint32_
 		aux = r->cached;
 	}
 	KVD_PROBE(finish, r->id, r->c->uid, res, flags, r->n_out);
+	/*
+	 * A request boundary: the slot's state and this CQE are kept before the
+	 * client can see the CQE, so after a crash the client learns from the
+	 * replayed CQE whether the request it saw no end of was applied.
+	 */
+	sl->last = (struct kvd_cqe){ .user_data = r->sqe.user_data, .res = res, .flags = flags,
+				     .token = r->last, .n_out = r->n_out, .slot = r->sqe.slot, .aux = aux };
+	sl->has_last = 1;
+	persist_slot_save(srv->ps, r->s, r->sqe.slot);
 	release_post(r->c, r->sqe.user_data, res, flags, r->last, r->n_out, r->sqe.slot, aux);
 	r->c->inflight--;
 	r->c->use->inflight--;
@@ -125,6 +137,7 @@ void release_closed_sessions(struct server *srv, struct conn *c)
 		if (!s || !s->closing)
 			continue;
 		release_session(srv, c, s, KVD_CQE_CANCELLED);
+		persist_session_drop(srv->ps, s);
 		c->sessions[i] = NULL;
 		c->n_sessions--;
 		c->use->sessions--;
@@ -136,8 +149,10 @@ void release_closed_sessions(struct server *srv, struct conn *c)
 void release_conn(struct server *srv, struct conn *c)
 {
 	for (uint32_t i = 0; i < SRV_MAX_SESSIONS; i++)
-		if (c->sessions[i])
+		if (c->sessions[i]) {
 			release_session(srv, c, c->sessions[i], 0);
+			persist_session_drop(srv->ps, c->sessions[i]);	/* its client went: so does it */
+		}
 	c->released = 1;
 	server_kick_reaper(srv);
 }

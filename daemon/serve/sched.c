@@ -15,6 +15,7 @@
 #include "daemon/probes.h"
 #include "daemon/engine/sampler.h"
 #include "daemon/serve/admit.h"
+#include "daemon/serve/persist.h"
 #include "daemon/serve/sched.h"
 #include "daemon/serve/server.h"
 #include "daemon/tokenizer/tokenizer.h"
@@ -130,8 +131,14 @@ static int start(struct server *srv, struct request *r)
 		release_request(srv, r, 0, 0);
 		return 1;
 	}
+	/* Restored without its KV: what would continue it cannot be served; a reset can. */
+	if (sl->lost && (q->opcode == KVD_OP_DECODE || (q->flags & KVD_SQE_APPEND))) {
+		release_request(srv, r, -ESTALE, 0);
+		return 1;
+	}
 	if (q->opcode == KVD_OP_DECODE) {
-		if (!sl->has_logits && !sl->has_pending) {
+		/* Its logits, its pending token, or the tokens to recompute the logits from. */
+		if (!sl->has_logits && !sl->has_pending && !(sl->n_resume && sl->resume_logits)) {
 			release_request(srv, r, -EINVAL, 0);
 			return 1;
 		}
@@ -172,6 +179,7 @@ static int start(struct server *srv, struct request *r)
 		free(sl->resume);
 		sl->resume = NULL;
 		sl->n_resume = 0;
+		sl->resume_logits = 0;
 		r->prompt = p;
 		r->n_prompt = (uint32_t)n;
 		sl->has_pending = 0;
@@ -224,13 +232,17 @@ static void add_row(struct sched *sc, struct batch *b, struct request *r, uint32
  */
 static int preempt(struct server *srv, struct slot *sl, struct request *r)
 {
-	size_t extra = !r ? 0 : r->phase == REQ_PREFILL ? (size_t)(r->n_prompt - r->n_fed) : (size_t)(sl->has_pending != 0);
+	/* An idle restored sequence has tokens to recompute already: they follow its KV's. */
+	size_t extra = !r ? sl->n_resume : r->phase == REQ_PREFILL ? (size_t)(r->n_prompt - r->n_fed) : (size_t)(sl->has_pending != 0);
 	uint32_t *p = malloc(((size_t)engine_seq_len(&sl->seq) + extra + 1) * sizeof(uint32_t));
 	if (!p)
 		return -ENOMEM;
 	size_t n = engine_seq_len(&sl->seq);
 	memcpy(p, engine_seq_tokens(&sl->seq), n * sizeof(uint32_t));
-	if (r && r->phase == REQ_PREFILL) {
+	if (!r && sl->n_resume) {
+		memcpy(p + n, sl->resume, (size_t)sl->n_resume * sizeof(uint32_t));
+		n += sl->n_resume;
+	} else if (r && r->phase == REQ_PREFILL) {
 		memcpy(p + n, r->prompt + r->n_fed, extra * sizeof(uint32_t));
 		n += extra;
 	} else if (r && sl->has_pending) {
@@ -239,6 +251,9 @@ static int preempt(struct server *srv, struct slot *sl, struct request *r)
 	uint32_t ns = engine_seq_ns(&sl->seq);
 	engine_seq_release(srv->eng, &sl->seq);
 	engine_seq_init(srv->eng, &sl->seq, ns);
+	/* An idle sequence's logits come back with its last token: a DECODE may still follow. */
+	if (!r)
+		sl->resume_logits = sl->has_logits || (sl->n_resume && sl->resume_logits);
 	sl->has_logits = 0;
 	srv->n_preemptions++;
 	KVD_PROBE(preempt, r ? r->id : 0, engine_seq_ns(&sl->seq), (uint32_t)n);
@@ -276,9 +291,23 @@ static int keep_rank_less(const struct request *a, const struct request *b)
  * that ranks below r and has no row in this step. Returns 1 if one was
  * preempted.
  */
+/* A restored session's sequence nobody has reopened yet gives up its blocks first. */
+static int preempt_orphan(struct server *srv)
+{
+	for (struct session *o = srv->orphans; o; o = o->next_orphan)
+		for (uint32_t k = 0; k < o->n_slots; k++) {
+			struct slot *sl = &o->slots[k];
+			if (sl->live && engine_seq_blocks(&sl->seq))
+				return preempt(srv, sl, NULL) == 0;
+		}
+	return 0;
+}
+
 static int make_room(struct server *srv, struct request *r)
 {
 	enum { IDLE, STALLED, RANKED, NONE } kind = NONE;
+	if (preempt_orphan(srv))
+		return 1;
 	struct slot *vs = NULL, *sl;
 	struct request *vr = NULL;
 	srv_for_each_slot(srv, it, sl) {
@@ -608,8 +637,29 @@ static void finish_step(struct sched *sc, const struct batch *b, int rc)
 }
 
 /* Bookkeeping at a step boundary: hang-ups, closed sessions, new SQEs, overflow. */
+/* Restored sessions nobody reopened in time: their blocks stay cached, their records go. */
+static void expire_orphans(struct server *srv)
+{
+	uint64_t now = log_now_ns();
+	for (struct session **pp = &srv->orphans; *pp;) {
+		struct session *o = *pp;
+		if (now < o->orphan_deadline_ns) {
+			pp = &o->next_orphan;
+			continue;
+		}
+		*pp = o->next_orphan;
+		log_msg(LOG_INFO, "restored session %08x not reopened within %u s: let go", o->id,
+			srv->cfg.resume_timeout_s);
+		release_session(srv, NULL, o, 0);
+		persist_session_drop(srv->ps, o);
+		session_free(o);
+	}
+}
+
 void sched_housekeeping(struct server *srv)
 {
+	if (srv->orphans)
+		expire_orphans(srv);
 	for (struct conn *c = srv->conns; c; c = c->next) {
 		if (c->released)
 			continue;

@@ -16,6 +16,7 @@
 #include "daemon/log.h"
 #include "daemon/model/model.h"
 #include "daemon/probes.h"
+#include "daemon/serve/persist.h"
 #include "daemon/serve/server.h"
 #include "daemon/serve/service.h"
 #include "daemon/serve/worker.h"
@@ -452,7 +453,7 @@ void server_block_signals(sigset_t *out)
 }
 
 int server_create(struct server **out, const struct server_config *cfg, struct model *m,
-		  struct tokenizer *tok, struct backend *be, struct kvpool *pool)
+		  struct tokenizer *tok, struct backend *be, struct kvpool *pool, struct persist *ps)
 {
 	struct server *srv = calloc(1, sizeof(*srv));
 	if (!srv)
@@ -470,6 +471,11 @@ int server_create(struct server **out, const struct server_config *cfg, struct m
 		log_msg(LOG_ERR, "engine: %s", strerror(-rc));
 		goto err;
 	}
+	srv->ps = ps;
+	const char *check = getenv("KVD_POOL_CHECK");
+	srv->pool_check = check && *check && strcmp(check, "0");
+	/* The sessions the last run kept wait for their clients; none can connect yet. */
+	persist_restore_sessions(ps, srv);
 	if ((rc = ctrl_build_vocab(srv))) {
 		log_msg(LOG_ERR, "vocabulary memfd: %s", strerror(-rc));
 		goto err;
@@ -554,6 +560,13 @@ void server_destroy(struct server *srv)
 		struct uid_usage *u = srv->uids;
 		srv->uids = u->next;
 		free(u);
+	}
+	/* Their records stay for the next start; only this process's memory goes. */
+	while (srv->orphans) {
+		struct session *o = srv->orphans;
+		srv->orphans = o->next_orphan;
+		release_session(srv, NULL, o, 0);
+		session_free(o);
 	}
 	if (srv->listen_fd >= 0) {
 		close(srv->listen_fd);

@@ -51,6 +51,7 @@ struct conn {
 	int released;			/* ... and has: the loop thread frees it */
 	int closing_ops;		/* loop ops being cancelled */
 	int vocab_sent;			/* its HELLO reply carried the vocabulary fd */
+	uint32_t features;		/* KVD_FEAT_* its last HELLO was granted */
 };
 
 struct server {
@@ -97,6 +98,11 @@ struct server {
 	uint64_t next_req_id;
 	struct uid_usage *uids;		/* the uids with connections, a list of n_uids */
 	uint32_t n_uids;
+	/* KV that survives a restart (persist.h); ps NULL: off */
+	struct persist *ps;
+	struct session *orphans;	/* restored at start, not reopened yet */
+	uint32_t restored_sessions, restored_blocks, restored_prefixes, resumed_sessions;
+	int pool_check;			/* $KVD_POOL_CHECK: kvpool_check at idle points, logged */
 };
 
 /* c's open session of that id, or NULL (closing sessions are gone for their clients). */
@@ -143,7 +149,7 @@ static inline struct slot *slot_iter_next(struct slot_iter *it)
 
 /* server.c: listen, accept, reap, signals, on the loop thread. */
 int server_create(struct server **out, const struct server_config *cfg, struct model *m,
-		  struct tokenizer *tok, struct backend *be, struct kvpool *pool);
+		  struct tokenizer *tok, struct backend *be, struct kvpool *pool, struct persist *ps);
 int server_run(struct server *srv);	/* until SIGTERM/SIGINT; 0 on a clean drain */
 void server_destroy(struct server *srv);
 /*

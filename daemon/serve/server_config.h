@@ -28,6 +28,11 @@ struct server_config {
 	int prefix_global;	/* one prefix-cache namespace for everyone */
 	int no_prefix_cache;	/* never reuse cached blocks (for comparisons) */
 	uint32_t kv_quota;	/* KV blocks one uid may hold; 0: no quota */
+	/* KV that survives a restart (serve/persist.h) */
+	int no_persist;		/* never keep the pool and sessions across a restart */
+	const char *state_dir;	/* keep them as files here (without systemd's fd store) */
+	uint32_t state_records;	/* sequence slots the state can hold, all sessions together */
+	uint32_t resume_timeout_s; /* a restored session nobody reopens is let go after this */
 	/*
 	 * SIGHUP: write the values that may change live into *live (a copy of
 	 * the running config); the server installs it. NULL: nothing to reload.

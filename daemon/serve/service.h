@@ -17,6 +17,22 @@ struct server_config;
  */
 int service_listen(const struct server_config *cfg, int *activated, char *path, size_t len);
 
+/*
+ * Take every fd systemd passed (sd_listen_fds_with_names: the socket, and
+ * what its fd store kept from the last run) once, early; later calls do
+ * nothing. service_listen() and service_take_stored() hand them out.
+ */
+void service_collect_fds(void);
+/* The fd systemd's store kept under name ("kvpool", "kvstate"), now the caller's; -1: none. */
+int service_take_stored(const char *name);
+/*
+ * Hand fd to systemd's fd store under name (FDSTORE=1, FDNAME=), replacing
+ * what it held under that name, so the next start gets it back. 0, or
+ * -errno (-ENOTCONN: not run by systemd). Whether it is kept depends on the
+ * unit's FileDescriptorStoreMax=.
+ */
+int service_store_fd(const char *name, int fd);
+
 /* One sd_notify(3) message ("READY=1\nSTATUS=..."); nothing when not run by systemd. */
 void service_notify(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

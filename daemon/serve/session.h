@@ -53,8 +53,13 @@ struct slot {
 	uint32_t pending;		/* sampled but not yet in the cache */
 	int has_pending;
 	struct request *head, *tail;	/* its requests, in order */
-	uint32_t *resume;		/* (n_resume,) tokens of a preempted idle sequence */
+	uint32_t *resume;		/* (n_resume,) tokens of a preempted or restored sequence */
 	uint32_t n_resume;
+	int resume_logits;		/* the last of them had its logits: a DECODE may follow */
+	int lost;			/* restored without its KV: APPEND and DECODE complete -ESTALE */
+	uint32_t rec1;			/* its record in the kept state, plus one; 0: none */
+	struct kvd_cqe last;		/* its last request's final CQE, replayed on resume */
+	int has_last;
 };
 
 struct session {
@@ -62,6 +67,12 @@ struct session {
 	int closing;			/* SESSION_CLOSE seen: the engine thread frees it */
 	uint32_t n_slots;		/* fixed when it opened, whatever SIGHUP changes later */
 	struct slot *slots;		/* (n_slots,) */
+	/* Surviving a restart (persist.h); token all zero: not kept. */
+	uint64_t token[2];
+	uid_t uid;
+	uint64_t lost_mask;		/* slots whose state the kept state had no room for */
+	struct session *next_orphan;	/* restored, waiting for its token: srv->orphans */
+	uint64_t orphan_deadline_ns;	/* ... until then */
 };
 
 /*

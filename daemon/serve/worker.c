@@ -5,6 +5,7 @@
  * SIGTERM. What runs in a step is sched.c's policy.
  */
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include "daemon/log.h"
@@ -134,6 +135,67 @@ static void drain_held(struct server *srv)
 				c->rg.n_ovf, (int)c->pid);
 }
 
+/*
+ * SIGTERM with the KV kept: the step in flight is over and every slot's
+ * record holds its last request's end, so nothing is drained. Requests in
+ * flight end with the connection (a client that resumes learns they were
+ * not applied and sends them again); only this process's memory is freed.
+ */
+static void keep_for_restart(struct server *srv)
+{
+	uint32_t n = srv->n_sessions, inflight = 0;
+	for (struct conn *c = srv->conns; c; c = c->next) {
+		inflight += c->dead ? 0 : c->inflight;
+		for (uint32_t i = 0; i < SRV_MAX_SESSIONS; i++)
+			if (c->sessions[i] && !c->dead)
+				release_session(srv, c, c->sessions[i], 0);
+	}
+	log_msg(LOG_NOTICE, "stopping: %u sessions kept for the next start (%u requests in flight "
+		"were not applied: resuming clients send them again)", n, inflight);
+}
+
+/* seqs grown by one; 0 or -ENOMEM. */
+static int seq_push(const struct kvseq ***seqs, size_t *n, size_t *cap, const struct kvseq *s)
+{
+	if (*n == *cap) {
+		size_t c = *cap ? 2 * *cap : 64;
+		const struct kvseq **p = realloc(*seqs, c * sizeof(*p));
+		if (!p)
+			return -ENOMEM;
+		*seqs = p;
+		*cap = c;
+	}
+	(*seqs)[(*n)++] = s;
+	return 0;
+}
+
+/* $KVD_POOL_CHECK: every block held exactly by the sequences that hold it, at each idle point. */
+static void check_pool(struct server *srv)
+{
+	const struct kvseq **seqs = NULL;
+	size_t n = 0, cap = 0;
+	int rc = 0;
+	struct slot *sl;
+	srv_for_each_slot(srv, it, sl)
+		rc |= seq_push(&seqs, &n, &cap, &sl->seq.kv);
+	/* Hung up, not yet released: their sequences still hold blocks. */
+	for (struct conn *c = srv->conns; c; c = c->next)
+		for (uint32_t i = 0; c->dead && !c->released && i < SRV_MAX_SESSIONS; i++)
+			for (uint32_t k = 0; c->sessions[i] && k < c->sessions[i]->n_slots; k++)
+				rc |= seq_push(&seqs, &n, &cap, &c->sessions[i]->slots[k].seq.kv);
+	for (struct session *o = srv->orphans; o; o = o->next_orphan)
+		for (uint32_t k = 0; k < o->n_slots; k++)
+			rc |= seq_push(&seqs, &n, &cap, &o->slots[k].seq.kv);
+	char err[256] = "out of memory";
+	if (!rc)
+		rc = engine_pool_check(srv->eng, seqs, n, err, sizeof(err));
+	if (rc)
+		log_msg(LOG_ERR, "pool check failed: %s", err);
+	else
+		log_msg(LOG_INFO, "pool check: ok (%zu sequences)", n);
+	free(seqs);
+}
+
 void *worker_main(void *arg)
 {
 	struct server *srv = arg;
@@ -153,6 +215,10 @@ void *worker_main(void *arg)
 			sched_housekeeping(srv);
 		wake_clients(srv);
 		engine_pool_stats(srv->eng, &srv->pool_stats);
+		if (srv->stopping && srv->ps) {
+			keep_for_restart(srv);
+			break;
+		}
 		if (srv->stopping && (!any_work(srv) || log_now_ns() >= srv->drain_deadline_ns || !sc)) {
 			cancel_everything(srv);
 			/* The cancel just posted final CQEs: a client with a full CQ gets a
@@ -163,6 +229,8 @@ void *worker_main(void *arg)
 			drain_held(srv);
 			break;
 		}
+		if (n == 0 && srv->pool_check)
+			check_pool(srv);
 		if (n == 0)
 			idle_wait(srv);
 		else
