@@ -335,6 +335,30 @@ void persist_close(struct persist *ps)
 
 /* ---- slot records ---- */
 
+static uint64_t slot_sum(const struct pst_slot *c, uint32_t n_tokens);
+
+void persist_image_reseal(uint8_t *image, size_t len)
+{
+	struct pst_hdr h;
+	if (len < sizeof(h))
+		return;
+	memcpy(&h, image, sizeof(h));
+	h.sum = hdr_sum(&h);
+	memcpy(image, &h, sizeof(h));
+	if (h.copy_bytes < sizeof(struct pst_slot) || h.slots_off > len || h.copy_bytes > len ||
+	    h.slots_off % 8 || h.copy_bytes % 8)
+		return;	/* not a layout kvd writes: nothing to reseal */
+	for (uint64_t i = 0; i < (uint64_t)h.n_recs * 2; i++) {
+		uint64_t off = h.slots_off + i * h.copy_bytes;
+		if (off > len || len - off < h.copy_bytes)
+			return;
+		struct pst_slot *c = (struct pst_slot *)(image + off);
+		uint64_t room = (h.copy_bytes - sizeof(*c)) / 4;
+		if (c->gen && c->n_tokens <= room)
+			c->sum = slot_sum(c, c->n_tokens);
+	}
+}
+
 static struct pst_slot *copy_at(const struct persist *ps, uint32_t rec, int k)
 {
 	return (struct pst_slot *)(ps->map + ps->want.slots_off + ((uint64_t)rec * 2 + (uint64_t)k) *

@@ -62,6 +62,14 @@ void persist_attach(struct persist *ps, struct kvpool *pool);
 void persist_restore_sessions(struct persist *ps, struct server *srv);
 void persist_close(struct persist *ps);
 
+/*
+ * For tests and fuzzing: recompute every checksum of a state image (len
+ * bytes, as the state file holds it: the header's, and each slot copy's
+ * that is in use), so that a mutation reaches the checks behind them. An
+ * image too short for its own header is left as it is.
+ */
+void persist_image_reseal(uint8_t *image, size_t len);
+
 /* ---- as the daemon runs, srv->lock held ---- */
 
 /* s (new, uid's) gets a token and its record; without room it is simply not kept (token 0). */

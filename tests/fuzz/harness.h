@@ -77,7 +77,7 @@ static inline struct server *fz_server(void)
 		.cq_entries = 256, .arena_bytes = 1 << 20, .max_arena_bytes = 64 << 20,
 		.max_batch_rows = 8, .drain_timeout_ms = 1000,
 	};
-	if ((rc = server_create(&FZ.srv, &cfg, FZ.fx.m, FZ.fx.tok, FZ.fx.be, FZ.fx.pool)))
+	if ((rc = server_create(&FZ.srv, &cfg, FZ.fx.m, FZ.fx.tok, FZ.fx.be, FZ.fx.pool, NULL)))
 		fz_die("server_create", strerror(-rc));
 	/* server_create blocks SIGINT/SIGTERM for its signalfd; the fuzzer wants them. */
 	sigset_t set;

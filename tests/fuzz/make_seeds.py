@@ -279,8 +279,49 @@ def jinja_seeds():
             k += 1
 
 
+# ---- state: patches over fuzz_state.c's baseline image ----
+
+# Its layout for the default model (ctx_len 8192) and the target's 32 blocks
+# of 16 tokens, 4 slot records: daemon/serve/persist.c's struct pst_hdr and
+# struct pst_slot. The fuzzer finds its own way from here.
+ST_SLOTS_OFF = 8192
+ST_COPY = 32896
+ST_BLOCKS_OFF = 4096
+ST_REC = 96
+
+
+def st_patch(off, data):
+    return struct.pack("<I", off)[:3] + bytes([len(data)]) + data
+
+
+def st_copy(rec, k):
+    return ST_SLOTS_OFF + (2 * rec + k) * ST_COPY
+
+
+def state_seeds():
+    put("baseline", "state", b"\0")
+    put("magic", "state", b"\0" + st_patch(0, b"KVDSTAT2"))
+    put("model", "state", b"\1" + st_patch(16, b"\x01\x02"))
+    put("cut_header", "state", b"\2" + struct.pack("<I", 100)[:3])
+    put("cut_slots", "state", b"\3" + struct.pack("<I", ST_SLOTS_OFF + ST_COPY)[:3])
+    # a slot's token id (resealed: only the vocabulary check can refuse it)
+    put("token", "state", b"\1" + st_patch(st_copy(0, 0) + 104, struct.pack("<I", 0xffffff)))
+    put("n_tokens", "state", b"\1" + st_patch(st_copy(0, 0) + 52, struct.pack("<I", 9000)))
+    put("slot", "state", b"\1" + st_patch(st_copy(1, 0) + 40, struct.pack("<I", 7)))
+    put("session", "state", b"\1" + st_patch(st_copy(1, 0) + 36, struct.pack("<I", 0x1ff)))
+    put("token_dup", "state", b"\1" + st_patch(st_copy(2, 0) + 16, b"\0" * 16))
+    put("gen_both", "state", b"\0" + st_patch(st_copy(0, 0), struct.pack("<Q", 7)) +
+        st_patch(st_copy(0, 1), struct.pack("<Q", 7)))
+    put("torn", "state", b"\0" + st_patch(st_copy(0, 0) + 120, b"\xff" * 8))
+    # block records: a state, a token, a key
+    put("block_state", "state", b"\0" + st_patch(ST_BLOCKS_OFF + 28, struct.pack("<I", 7)))
+    put("block_token", "state", b"\0" + st_patch(ST_BLOCKS_OFF + 32, struct.pack("<I", 5)))
+    put("block_key", "state", b"\0" + st_patch(ST_BLOCKS_OFF + ST_REC, b"\x55" * 8))
+
+
 def main():
     model = sys.argv[1] if len(sys.argv) > 1 else "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+    state_seeds()
     gguf_seeds(model)
     ctrl_seeds()
     ring_seeds()
