@@ -1,4 +1,4 @@
-/* test_kvpool.c — the paged KV pool: config, sizes, refcounts, prefix reuse, LRU eviction, copy-on-write, rollback, a randomised run. */
+/* test_kvpool.c — the paged KV pool: config, sizes, refcounts, prefix reuse, LRU eviction, copy-on-write, rollback, restoring after a restart, a randomised run. */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include <xxhash.h>
@@ -901,6 +903,544 @@ static void test_check_detects(void **state)
 	kvpool_destroy(p);
 }
 
+/* ---- persistence: what a restart keeps ---- */
+
+#define P_BT 16
+#define P_VOCAB 1000
+
+/*
+ * What outlives a run: the blocks (pool_fd) and their records (state_fd),
+ * two memfds as in the daemon. recs and p are the current run's.
+ */
+struct persist {
+	struct kvpool_config cfg;
+	int pool_fd, state_fd;
+	size_t recs_bytes;
+	uint8_t *recs;		/* (n_blocks, rec_bytes): this run's mapping of state_fd */
+	struct kvpool *p;
+};
+
+static struct kvblock_rec *rec_of(const struct persist *ps, uint32_t id)
+{
+	return (struct kvblock_rec *)(ps->recs + (size_t)id * kvpool_rec_bytes(P_BT));
+}
+
+/* A run starts: the records mapped afresh, a pool on the same fd. */
+static void persist_start(struct persist *ps)
+{
+	ps->recs = mmap(NULL, ps->recs_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, ps->state_fd, 0);
+	assert_true(ps->recs != MAP_FAILED);
+	assert_int_equal(kvpool_create_fd(&ps->p, &ps->cfg, ps->pool_fd), 0);
+	kvpool_set_records(ps->p, ps->recs);
+}
+
+static void persist_init(struct persist *ps, uint32_t n_blocks)
+{
+	ps->cfg = (struct kvpool_config){ n_blocks, P_BT, 2, 64, KB_F16 };
+	ps->pool_fd = memfd_create("test-kvpool", MFD_CLOEXEC);
+	ps->state_fd = memfd_create("test-kvstate", MFD_CLOEXEC);
+	assert_true(ps->pool_fd >= 0 && ps->state_fd >= 0);
+	ps->recs_bytes = (size_t)n_blocks * kvpool_rec_bytes(P_BT);
+	assert_int_equal(ftruncate(ps->state_fd, (off_t)ps->recs_bytes), 0);	/* zeroed records */
+	persist_start(ps);
+}
+
+/*
+ * The process dies: only the two fds survive. kvpool_destroy frees no more
+ * than exit would (test_restore_round_trip proves it leaves the records be).
+ */
+static void persist_crash(struct persist *ps)
+{
+	kvpool_destroy(ps->p);
+	ps->p = NULL;
+	if (ps->recs)
+		munmap(ps->recs, ps->recs_bytes);
+	ps->recs = NULL;
+}
+
+/* Crash, start again, restore. Sequences of the dead run are freed with kvseq_release(NULL, s). */
+static struct kvpool_restored persist_restart(struct persist *ps)
+{
+	struct kvpool_restored st;
+
+	persist_crash(ps);
+	persist_start(ps);
+	memset(&st, 0xff, sizeof(st));
+	kvpool_restore(ps->p, P_VOCAB, &st);
+	return st;
+}
+
+static void persist_fini(struct persist *ps)
+{
+	persist_crash(ps);
+	close(ps->pool_fd);
+	close(ps->state_fd);
+}
+
+/* Byte j of the K (kv 0) or V (kv 1) row, layer l, of token tok at pos: the same wherever computed. */
+static uint8_t kv_byte(uint32_t pos, uint32_t tok, uint32_t l, uint32_t kv, size_t j)
+{
+	uint64_t x = mix(((uint64_t)pos << 40) ^ ((uint64_t)tok << 20) ^ ((uint64_t)(j / 8) << 4) ^
+			 (l << 1) ^ kv);
+
+	return (uint8_t)(x >> (j % 8 * 8));
+}
+
+/* Every K and V row of positions [from, to) of s: toks[pos] is the token at pos. */
+static void kv_write(struct kvpool *p, const struct kvseq *s, uint32_t from, uint32_t to,
+		     const uint32_t *toks)
+{
+	const struct kvpool_config *c = kvpool_config(p);
+	size_t rb = kvpool_row_bytes(c->kv_type, c->kv_dim);
+
+	for (uint32_t pos = from; pos < to; pos++) {
+		uint8_t *b = kvpool_block(p, s->blocks[pos / c->block_tokens]);
+		for (uint32_t l = 0; l < c->n_layers; l++)
+			for (uint32_t kv = 0; kv < 2; kv++) {
+				uint8_t *row = b + row_off(p, l, kv, pos % c->block_tokens);
+				for (size_t j = 0; j < rb; j++)
+					row[j] = kv_byte(pos, toks[pos], l, kv, j);
+			}
+	}
+}
+
+static void kv_expect(struct kvpool *p, const struct kvseq *s, uint32_t from, uint32_t to,
+		      const uint32_t *toks)
+{
+	const struct kvpool_config *c = kvpool_config(p);
+	size_t rb = kvpool_row_bytes(c->kv_type, c->kv_dim);
+
+	for (uint32_t pos = from; pos < to; pos++) {
+		const uint8_t *b = kvpool_block(p, s->blocks[pos / c->block_tokens]);
+		for (uint32_t l = 0; l < c->n_layers; l++)
+			for (uint32_t kv = 0; kv < 2; kv++) {
+				const uint8_t *row = b + row_off(p, l, kv, pos % c->block_tokens);
+				for (size_t j = 0; j < rb; j++)
+					if (row[j] != kv_byte(pos, toks[pos], l, kv, j))
+						fail_msg("position %u (block %u) layer %u %c byte %zu: "
+							 "%02x, expected %02x", pos,
+							 s->blocks[pos / c->block_tokens], l,
+							 kv ? 'V' : 'K', j, row[j],
+							 kv_byte(pos, toks[pos], l, kv, j));
+			}
+	}
+}
+
+/* prepare + write the K/V of toks[from..to) + commit. */
+static void persist_write(struct kvpool *p, struct kvseq *s, uint32_t from, uint32_t to,
+			  const uint32_t *toks)
+{
+	assert_int_equal(kvseq_prepare(p, s, from, to), 0);
+	kv_write(p, s, from, to, toks);
+	assert_int_equal(kvseq_commit(p, s, from, to, toks + from), 0);
+}
+
+/*
+ * A released sequence's full blocks come back after a restart: the same
+ * prompt attaches them, and they hold the K/V the dead run wrote. Its
+ * partial block comes back as a free block, not in the index.
+ */
+static void test_restore_round_trip(void **state)
+{
+	(void)state;
+	struct persist ps;
+	uint32_t toks[64], ids[4];
+	uint64_t key = 0;
+	struct kvseq a, b;
+	struct kvpool_restored st;
+	struct kvpool_stats ss;
+
+	for (uint32_t i = 0; i < 64; i++)
+		toks[i] = (i * 37 + 11) % P_VOCAB;
+	persist_init(&ps, 16);
+	kvseq_init(&a, 3);
+	persist_write(ps.p, &a, 0, 56, toks);	/* 3.5 blocks */
+	memcpy(ids, a.blocks, sizeof(ids));
+	/* Each full block sealed with what its key is made of; the partial one vouches for nothing. */
+	for (uint32_t i = 0; i < 3; i++) {
+		const struct kvblock_rec *r = rec_of(&ps, ids[i]);
+		assert_int_equal(r->state, KVB_SEALED | KVB_REGISTERED);
+		assert_true(r->parent == key);
+		key = kvpool_key(key, 3, toks + i * P_BT, P_BT);
+		assert_true(r->key == key);
+		assert_int_equal(r->ns, 3);
+		assert_memory_equal(r->tokens, toks + i * P_BT, P_BT * sizeof(uint32_t));
+	}
+	assert_int_equal(rec_of(&ps, ids[3])->state, 0);
+	kvseq_release(ps.p, &a);
+	assert_int_equal(stats(ps.p).blocks_cached, 3);
+
+	/* Tearing the pool down is no more than the process exiting: the records stay as they were. */
+	uint8_t *snap = malloc(ps.recs_bytes);
+	assert_non_null(snap);
+	memcpy(snap, ps.recs, ps.recs_bytes);
+	kvpool_destroy(ps.p);
+	ps.p = NULL;
+	assert_memory_equal(ps.recs, snap, ps.recs_bytes);
+	free(snap);
+
+	st = persist_restart(&ps);
+	assert_int_equal(st.sealed, 3);
+	assert_int_equal(st.registered, 3);
+	assert_int_equal(st.dropped, 0);
+	for (uint32_t i = 0; i < 3; i++)
+		assert_true(kvpool_registered(ps.p, ids[i]));
+	assert_false(kvpool_registered(ps.p, ids[3]));
+	ss = stats(ps.p);
+	assert_int_equal(ss.blocks_cached, 3);
+	assert_int_equal(ss.blocks_free, 13);
+	assert_int_equal(ss.blocks_in_use, 0);
+	CHECK(ps.p, NULL, 0);
+
+	/* The same prompt attaches the three full blocks (not the one holding its last token). */
+	kvseq_init(&b, 3);
+	assert_int_equal(kvseq_attach_prefix(ps.p, &b, toks, 56), 48);
+	assert_memory_equal(b.blocks, ids, 3 * sizeof(uint32_t));
+	assert_true(b.last_key == key);
+	kv_expect(ps.p, &b, 0, 48, toks);
+	const struct kvseq *l[] = { &b };
+	CHECK(ps.p, l, 1);
+	/* The restored pool carries on: the rest is computed and sealed as in any run. */
+	persist_write(ps.p, &b, 48, 64, toks);
+	assert_int_equal(rec_of(&ps, b.blocks[3])->state, KVB_SEALED | KVB_REGISTERED);
+	assert_true(rec_of(&ps, b.blocks[3])->parent == key);
+	CHECK(ps.p, l, 1);
+	kvseq_release(ps.p, &b);
+	CHECK(ps.p, NULL, 0);
+	persist_fini(&ps);
+}
+
+/*
+ * Only a commit seals. A sequence whose K/V are all written but never
+ * committed leaves nothing a restart trusts, and neither do the sealed
+ * blocks it evicted to get room: their records still add up (key, parent,
+ * ns, tokens), so only the cleared state keeps restore from vouching for
+ * K/V that now belong to another sequence.
+ */
+static void test_restore_uncommitted(void **state)
+{
+	(void)state;
+	struct persist ps;
+	uint32_t ta[49], tb[112], aid[3];
+	struct kvseq a, b;
+	struct kvpool_restored st;
+
+	for (uint32_t i = 0; i < 49; i++)
+		ta[i] = (i * 7 + 1) % P_VOCAB;
+	for (uint32_t i = 0; i < 112; i++)
+		tb[i] = (i * 13 + 500) % P_VOCAB;
+	persist_init(&ps, 8);
+	kvseq_init(&a, 1);
+	persist_write(ps.p, &a, 0, 48, ta);
+	memcpy(aid, a.blocks, sizeof(aid));
+	kvseq_release(ps.p, &a);	/* cached, its last block least recently released */
+
+	/* b takes the 5 free blocks and evicts a's blocks 2 and 1. */
+	kvseq_init(&b, 1);
+	assert_int_equal(kvseq_prepare(ps.p, &b, 0, 112), 0);
+	assert_int_equal(stats(ps.p).evictions, 2);
+	assert_int_equal(b.blocks[5], aid[2]);
+	assert_int_equal(b.blocks[6], aid[1]);
+	for (uint32_t i = 1; i < 3; i++) {
+		const struct kvblock_rec *r = rec_of(&ps, aid[i]);
+		assert_int_equal(r->state, 0);
+		assert_true(r->key == kvpool_key(r->parent, r->ns, r->tokens, P_BT));
+	}
+	kv_write(ps.p, &b, 0, 112, tb);	/* every position written, none committed */
+	for (uint32_t i = 0; i < 7; i++)
+		assert_int_equal(rec_of(&ps, b.blocks[i])->state, 0);
+
+	/* The crash comes with b in flight. */
+	st = persist_restart(&ps);
+	kvseq_release(NULL, &b);	/* the dead run's table */
+	assert_int_equal(st.sealed, 1);
+	assert_int_equal(st.registered, 1);
+	assert_int_equal(st.dropped, 0);
+	for (uint32_t id = 0; id < 8; id++) {
+		assert_int_equal(kvpool_registered(ps.p, id), id == aid[0]);
+		if (id != aid[0])
+			assert_int_equal(rec_of(&ps, id)->state, 0);
+	}
+	assert_int_equal(stats(ps.p).blocks_cached, 1);
+	assert_int_equal(stats(ps.p).blocks_free, 7);
+	CHECK(ps.p, NULL, 0);
+
+	/* a's chain now ends at its first block, which b never touched; b's prompt finds nothing. */
+	kvseq_init(&a, 1);
+	assert_int_equal(kvseq_attach_prefix(ps.p, &a, ta, 49), 16);
+	assert_int_equal(a.blocks[0], aid[0]);
+	kv_expect(ps.p, &a, 0, 16, ta);
+	kvseq_init(&b, 1);
+	assert_int_equal(kvseq_attach_prefix(ps.p, &b, tb, 112), 0);
+	const struct kvseq *l[] = { &a, &b };
+	CHECK(ps.p, l, 2);
+	kvseq_release(ps.p, &a);
+	kvseq_release(ps.p, &b);
+	persist_fini(&ps);
+}
+
+/*
+ * Records that do not check out are dropped (and cleared), one fault each,
+ * every other check passing: a token changed, an unknown state, a token
+ * id past the vocabulary (the key recomputed to match), a wrong key, the
+ * registered bit without the sealed one. A record copied over another
+ * registers its key once. A sealed record not in the index checks out but
+ * stays free. Token vocab - 1 is still a token.
+ */
+static void test_restore_corrupt(void **state)
+{
+	(void)state;
+	enum { N = 9 };
+	struct persist ps;
+	uint32_t toks[N][17], ids[N];
+	struct kvseq s[N];
+	struct kvpool_restored st;
+
+	persist_init(&ps, 16);
+	for (uint32_t k = 0; k < N; k++) {
+		for (uint32_t i = 0; i < 17; i++)
+			toks[k][i] = k == 8 ? P_VOCAB - 1 - i : (k * 101 + i * 7) % P_VOCAB;
+		kvseq_init(&s[k], 0);
+		persist_write(ps.p, &s[k], 0, 16, toks[k]);
+		ids[k] = s[k].blocks[0];
+		assert_int_equal(rec_of(&ps, ids[k])->state, KVB_SEALED | KVB_REGISTERED);
+		kvseq_release(ps.p, &s[k]);
+	}
+	struct kvblock_rec *r;
+	rec_of(&ps, ids[0])->tokens[3] ^= 1;
+	rec_of(&ps, ids[1])->state = 7;
+	r = rec_of(&ps, ids[2]);
+	r->tokens[0] = P_VOCAB;
+	r->key = kvpool_key(r->parent, r->ns, r->tokens, P_BT);
+	rec_of(&ps, ids[3])->key ^= 1ull << 40;
+	rec_of(&ps, ids[4])->state = KVB_REGISTERED;
+	memcpy(rec_of(&ps, ids[6]), rec_of(&ps, ids[5]), kvpool_rec_bytes(P_BT));
+	rec_of(&ps, ids[7])->state = KVB_SEALED;
+
+	st = persist_restart(&ps);
+	assert_int_equal(st.dropped, 5);
+	assert_int_equal(st.sealed, 4);		/* 5, its copy 6, 7, 8 */
+	assert_int_equal(st.registered, 2);	/* one of 5 and 6, and 8 */
+	for (uint32_t k = 0; k < 5; k++)
+		assert_int_equal(rec_of(&ps, ids[k])->state, 0);
+	assert_int_equal(kvpool_registered(ps.p, ids[5]) + kvpool_registered(ps.p, ids[6]), 1);
+	uint32_t dup = kvpool_registered(ps.p, ids[5]) ? ids[5] : ids[6];
+	uint32_t other = dup == ids[5] ? ids[6] : ids[5];
+	assert_int_equal(rec_of(&ps, dup)->state, KVB_SEALED | KVB_REGISTERED);
+	assert_int_equal(rec_of(&ps, other)->state, 0);
+	assert_false(kvpool_registered(ps.p, ids[7]));
+	assert_int_equal(rec_of(&ps, ids[7])->state, 0);
+	assert_true(kvpool_registered(ps.p, ids[8]));
+	assert_int_equal(rec_of(&ps, ids[8])->state, KVB_SEALED | KVB_REGISTERED);
+	assert_int_equal(stats(ps.p).blocks_cached, 2);
+	assert_int_equal(stats(ps.p).blocks_free, 14);
+	CHECK(ps.p, NULL, 0);
+
+	/* Each prompt finds only what checked out. */
+	const struct kvseq *l[N];
+	for (uint32_t k = 0; k < N; k++) {
+		kvseq_init(&s[k], 0);
+		int want = k == 5 || k == 8 ? 16 : 0;
+		int got = kvseq_attach_prefix(ps.p, &s[k], toks[k], 17);
+		if (got != want)
+			fail_msg("prompt %u: %d tokens attached, expected %d", k, got, want);
+		l[k] = &s[k];
+	}
+	assert_int_equal(s[5].blocks[0], dup);
+	kv_expect(ps.p, &s[8], 0, 16, toks[8]);
+	CHECK(ps.p, l, N);
+	for (uint32_t k = 0; k < N; k++)
+		kvseq_release(ps.p, &s[k]);
+	CHECK(ps.p, NULL, 0);
+	persist_fini(&ps);
+}
+
+/*
+ * Sequences A, B, C (two full blocks each) released B, C, A: the LRU holds
+ * B1 B0 C1 C0 A1 A0 (a sequence lets go of its last block first), an
+ * order the block ids (A0 A1 B0 B1 C0 C1) do not give. ids[k][i] is block
+ * i of sequence k.
+ */
+static void lru_setup(struct persist *ps, uint32_t toks[3][33], uint32_t ids[3][2])
+{
+	struct kvseq s[3];
+	const int order[3] = { 1, 2, 0 };
+
+	persist_init(ps, 8);
+	for (uint32_t k = 0; k < 3; k++) {
+		for (uint32_t i = 0; i < 33; i++)
+			toks[k][i] = (k * 311 + i * 3) % P_VOCAB;
+		kvseq_init(&s[k], 0);
+		persist_write(ps->p, &s[k], 0, 32, toks[k]);
+		memcpy(ids[k], s[k].blocks, 2 * sizeof(uint32_t));
+	}
+	for (int i = 0; i < 3; i++)
+		kvseq_release(ps->p, &s[order[i]]);
+}
+
+/*
+ * Allocate every block: the n_free free ones first (no eviction), then the
+ * cached ones must be evicted in the order given; then -ENOSPC.
+ */
+static void expect_alloc_order(struct kvpool *p, uint32_t n_free, const uint32_t *cached,
+			       uint32_t n_cached)
+{
+	uint32_t id;
+
+	for (uint32_t i = 0; i < n_free; i++)
+		assert_int_equal(kvpool_alloc(p, &id), 0);
+	assert_int_equal(stats(p).evictions, 0);
+	for (uint32_t i = 0; i < n_cached; i++) {
+		assert_int_equal(kvpool_alloc(p, &id), 0);
+		if (id != cached[i])
+			fail_msg("eviction %u took block %u, expected %u", i, id, cached[i]);
+	}
+	assert_int_equal(stats(p).evictions, n_cached);
+	assert_int_equal(kvpool_alloc(p, &id), -ENOSPC);
+	for (id = 0; id < kvpool_config(p)->n_blocks; id++)
+		kvpool_unref(p, id);
+	CHECK(p, NULL, 0);
+}
+
+/* After a restart the cached blocks are evicted in the order they were released before it. */
+static void test_restore_lru_order(void **state)
+{
+	(void)state;
+	struct persist ps;
+	uint32_t toks[3][33], ids[3][2];
+	struct kvpool_restored st;
+
+	lru_setup(&ps, toks, ids);
+	st = persist_restart(&ps);
+	assert_int_equal(st.registered, 6);
+	const uint32_t want[6] = { ids[1][1], ids[1][0], ids[2][1], ids[2][0], ids[0][1], ids[0][0] };
+	expect_alloc_order(ps.p, 2, want, 6);
+	persist_fini(&ps);
+}
+
+/*
+ * A release after a restart sorts after every release before it: B,
+ * attached and released in the second run, is evicted last in the third;
+ * C and A keep their order from the first.
+ */
+static void test_restore_lru_continues(void **state)
+{
+	(void)state;
+	struct persist ps;
+	uint32_t toks[3][33], ids[3][2];
+	struct kvpool_restored st;
+	struct kvseq b;
+
+	lru_setup(&ps, toks, ids);
+	st = persist_restart(&ps);
+	assert_int_equal(st.registered, 6);
+	kvseq_init(&b, 0);
+	assert_int_equal(kvseq_attach_prefix(ps.p, &b, toks[1], 33), 32);
+	kvseq_release(ps.p, &b);	/* LRU: C1 C0 A1 A0 B1 B0 */
+	st = persist_restart(&ps);
+	assert_int_equal(st.registered, 6);
+	const uint32_t want[6] = { ids[2][1], ids[2][0], ids[0][1], ids[0][0], ids[1][1], ids[1][0] };
+	expect_alloc_order(ps.p, 2, want, 6);
+	persist_fini(&ps);
+}
+
+/*
+ * A write into a sealed block unseals it first. b's first block is full,
+ * sealed and private (a registered the same prefix first); truncating into
+ * it and preparing a rewrite in place clears its record before any byte
+ * changes, and the commit seals it again under the new key. A registered
+ * block is never rewritten: the copy starts unsealed, the original keeps
+ * its seal. A crash between the write and the commit trusts only what was
+ * sealed.
+ */
+static void test_restore_truncate_unseals(void **state)
+{
+	(void)state;
+	struct persist ps;
+	uint32_t prompt[33], alt[17], alt2[16];
+	struct kvseq a, b;
+	struct kvpool_restored st;
+
+	for (uint32_t i = 0; i < 33; i++)
+		prompt[i] = (i * 5 + 2) % P_VOCAB;
+	memcpy(alt, prompt, 8 * sizeof(uint32_t));	/* alt: prompt's first 8 tokens, then others */
+	for (uint32_t i = 8; i < 17; i++)
+		alt[i] = 900 + i;
+	memcpy(alt2, prompt, 4 * sizeof(uint32_t));
+	for (uint32_t i = 4; i < 16; i++)
+		alt2[i] = 800 + i;
+	persist_init(&ps, 16);
+	kvseq_init(&a, 2);
+	kvseq_init(&b, 2);
+	persist_write(ps.p, &a, 0, 16, prompt);
+	persist_write(ps.p, &b, 0, 32, prompt);
+	uint32_t a0 = a.blocks[0], b0 = b.blocks[0], b1 = b.blocks[1];
+	uint64_t k0 = a.last_key;
+	assert_false(kvpool_registered(ps.p, b0));	/* -EEXIST: a has the key */
+	assert_int_equal(rec_of(&ps, b0)->state, KVB_SEALED);
+	assert_true(rec_of(&ps, b0)->key == k0);
+	assert_int_equal(rec_of(&ps, b1)->state, KVB_SEALED | KVB_REGISTERED);
+	assert_true(rec_of(&ps, b1)->parent == k0);
+
+	/* Private: rewritten in place, unsealed before the write. */
+	uint64_t cow = stats(ps.p).cow_copies;
+	assert_int_equal(kvseq_prepare(ps.p, &b, 8, 16), 0);
+	assert_int_equal(b.blocks[0], b0);
+	assert_int_equal(stats(ps.p).cow_copies, cow);
+	assert_int_equal(rec_of(&ps, b0)->state, 0);
+	assert_int_equal(kvpool_refcount(ps.p, b1), 0);	/* dropped, cached, untouched */
+	assert_int_equal(rec_of(&ps, b1)->state, KVB_SEALED | KVB_REGISTERED);
+	kv_write(ps.p, &b, 8, 16, alt);
+	assert_int_equal(kvseq_commit(ps.p, &b, 8, 16, alt + 8), 0);
+	uint64_t kb = kvpool_key(0, 2, alt, P_BT);
+	assert_true(b.last_key == kb);
+	assert_int_equal(rec_of(&ps, b0)->state, KVB_SEALED | KVB_REGISTERED);
+	assert_true(rec_of(&ps, b0)->key == kb);
+	assert_memory_equal(rec_of(&ps, b0)->tokens, alt, P_BT * sizeof(uint32_t));
+
+	/* Registered: the write goes to a copy, which vouches for nothing yet. */
+	assert_int_equal(kvseq_prepare(ps.p, &a, 4, 16), 0);
+	assert_int_equal(stats(ps.p).cow_copies, cow + 1);
+	uint32_t copy = a.blocks[0];
+	assert_int_not_equal(copy, a0);
+	assert_int_equal(rec_of(&ps, copy)->state, 0);
+	assert_int_equal(rec_of(&ps, a0)->state, KVB_SEALED | KVB_REGISTERED);
+	assert_true(rec_of(&ps, a0)->key == k0);
+	kv_write(ps.p, &a, 4, 16, alt2);
+	{
+		const struct kvseq *l[] = { &a, &b };
+		CHECK(ps.p, l, 2);
+	}
+
+	/* Crash before a commits. */
+	st = persist_restart(&ps);
+	kvseq_release(NULL, &a);
+	kvseq_release(NULL, &b);
+	assert_int_equal(st.sealed, 3);		/* a0, b0 (resealed), b1 */
+	assert_int_equal(st.registered, 3);
+	assert_int_equal(st.dropped, 0);
+	assert_false(kvpool_registered(ps.p, copy));
+	assert_int_equal(rec_of(&ps, copy)->state, 0);
+
+	/* prompt: a's original first block and b's second, as written before the crash. */
+	kvseq_init(&a, 2);
+	assert_int_equal(kvseq_attach_prefix(ps.p, &a, prompt, 33), 32);
+	assert_int_equal(a.blocks[0], a0);
+	assert_int_equal(a.blocks[1], b1);
+	kv_expect(ps.p, &a, 0, 32, prompt);
+	/* alt: b's rewritten block, old first half and new second half. */
+	kvseq_init(&b, 2);
+	assert_int_equal(kvseq_attach_prefix(ps.p, &b, alt, 17), 16);
+	assert_int_equal(b.blocks[0], b0);
+	kv_expect(ps.p, &b, 0, 16, alt);
+	const struct kvseq *l[] = { &a, &b };
+	CHECK(ps.p, l, 2);
+	kvseq_release(ps.p, &a);
+	kvseq_release(ps.p, &b);
+	CHECK(ps.p, NULL, 0);
+	persist_fini(&ps);
+}
+
 /* ---- randomised ---- */
 
 #define R_SEQS 8
@@ -1179,6 +1719,12 @@ int main(void)
 		cmocka_unit_test(test_cow_fork),
 		cmocka_unit_test(test_enospc_rollback),
 		cmocka_unit_test(test_check_detects),
+		cmocka_unit_test(test_restore_round_trip),
+		cmocka_unit_test(test_restore_uncommitted),
+		cmocka_unit_test(test_restore_corrupt),
+		cmocka_unit_test(test_restore_lru_order),
+		cmocka_unit_test(test_restore_lru_continues),
+		cmocka_unit_test(test_restore_truncate_unseals),
 		cmocka_unit_test(test_random_bt1),
 		cmocka_unit_test(test_random_bt4),
 		cmocka_unit_test(test_random_bt16),

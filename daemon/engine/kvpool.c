@@ -476,6 +476,8 @@ int kvpool_lookup(struct kvpool *p, uint64_t key, uint32_t *id)
 		p->in_use++;
 	}
 	p->refcount[b]++;
+	if (p->recs)
+		pool_rec(p, b)->stamp = ++p->stamp;	/* in use now: after a crash, the newest */
 	*id = b;
 	return 0;
 }
@@ -491,8 +493,10 @@ int kvpool_register(struct kvpool *p, uint32_t id, uint64_t key)
 	ht_insert(p, key, id);
 	p->registered[id] = 1;
 	p->key[id] = key;
-	if (p->recs && pool_rec(p, id)->state && pool_rec(p, id)->key == key)
+	if (p->recs && pool_rec(p, id)->state && pool_rec(p, id)->key == key) {
+		pool_rec(p, id)->stamp = ++p->stamp;
 		rec_set_state(p, id, KVB_SEALED | KVB_REGISTERED);
+	}
 	return 0;
 }
 
