@@ -415,10 +415,18 @@ static void on_signal(struct loop *l, struct loop_op *op, int res, int more)
 	if (res == (int)sizeof(struct signalfd_siginfo) && si->ssi_signo == SIGHUP) {
 		reload(srv);
 	} else if (res == (int)sizeof(struct signalfd_siginfo)) {
-		log_msg(LOG_NOTICE, "%s: draining (at most %u ms)",
-			si->ssi_signo == SIGINT ? "SIGINT" : "SIGTERM", srv->cfg.drain_timeout_ms);
-		service_notify("STOPPING=1\nSTATUS=draining: finishing requests in flight (at most %u ms)",
-			       srv->cfg.drain_timeout_ms);
+		const char *sig = si->ssi_signo == SIGINT ? "SIGINT" : "SIGTERM";
+		if (srv->ps) {
+			/* Everything is committed already: the step in flight, then out. */
+			log_msg(LOG_NOTICE, "%s: stopping after the step in flight; the KV and the "
+				"sessions are kept for the next start", sig);
+			service_notify("STOPPING=1\nSTATUS=draining the step in flight; the KV and the "
+				       "sessions are kept for the next start");
+		} else {
+			log_msg(LOG_NOTICE, "%s: draining (at most %u ms)", sig, srv->cfg.drain_timeout_ms);
+			service_notify("STOPPING=1\nSTATUS=draining: finishing requests in flight (at most %u ms)",
+				       srv->cfg.drain_timeout_ms);
+		}
 		pthread_mutex_lock(&srv->lock);
 		srv->stopping = 1;
 		srv->drain_deadline_ns = log_now_ns() + (uint64_t)srv->cfg.drain_timeout_ms * 1000000ull;
