@@ -28,6 +28,9 @@ const char *kvc_strerror(int err)
 			       "of file descriptors";
 	case ESHUTDOWN:	return "kvd is shutting down and takes no new work";
 	case ECANCELED:	return "the request was cancelled";
+	case ERESTART:	return "the daemon restarted with the request in flight; it was not applied: "
+			       "resubmit it";
+	case ESTALE:	return "the daemon holds no such session (closed, expired, or its KV was lost)";
 	case EIO:	return "the daemon's compute backend failed (the daemon stays up)";
 	case ECONNRESET:
 	case EPIPE:	return "the daemon went away";
