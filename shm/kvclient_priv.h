@@ -85,6 +85,27 @@ struct kvc_conn {
 	uint64_t		next_look;	/* ns: kvc_peek()'s next look at the socket */
 };
 
+/* [off, off + len) lies inside [0, size), without overflow. */
+static inline int kvc__in_bounds(uint64_t off, uint64_t len, uint64_t size)
+{
+	return off <= size && len <= size - off;
+}
+
+void kvc__close_fds(int *fds, int n);
+
+/* mmap fd's first len bytes after checking the file holds them; NULL and *err on failure. */
+void *kvc__map_fd(int fd, size_t len, int prot, int *err);
+
+/* Put fd in place of *slot, keeping the number callers may poll; takes fd. */
+void kvc__install_fd(int *slot, int fd);
+
+/*
+ * Map the vocabulary memfd of length len (kvvocab.c). A reconnect's goes
+ * over the old one when the sizes agree (the same model: pointers into it
+ * stay valid), else beside it, the old one kept until kvc_close().
+ */
+int kvc__map_vocab(struct kvc_conn *c, int fd, size_t len);
+
 /* Free the arena reservations made since kvc_arena_alloc(c, 0, &mark) gave mark. */
 void kvc__arena_release(struct kvc_conn *c, uint32_t mark);
 
