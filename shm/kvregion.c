@@ -20,7 +20,15 @@ static int is_pow2(uint32_t x)
 	return x && !(x & (x - 1));
 }
 
-/* Find the parts of the region at p, r's layout; the cached ring indices are the headers'. */
+/* The cached ring indices, the headers': a fresh region starts at 0, but take what is there. */
+static void region_indices(struct kvc_conn *c)
+{
+	c->sq_tail = __atomic_load_n(&c->sq->tail, __ATOMIC_RELAXED);
+	__atomic_store_n(&c->cq_head, __atomic_load_n(&c->cq->head, __ATOMIC_RELAXED),
+			 __ATOMIC_RELAXED);
+}
+
+/* Find the parts of the region at p, r's layout. */
 static void region_use(struct kvc_conn *c, uint8_t *p, const struct kvd_session_open_rep *r)
 {
 	c->region = p;
@@ -32,10 +40,7 @@ static void region_use(struct kvc_conn *c, uint8_t *p, const struct kvd_session_
 	c->cqes = (void *)(p + r->cqes_off);
 	c->sq_mask = r->sq_entries - 1;
 	c->cq_mask = r->cq_entries - 1;
-	/* A fresh region starts at 0, but take what is there to be safe. */
-	c->sq_tail = __atomic_load_n(&c->sq->tail, __ATOMIC_RELAXED);
-	__atomic_store_n(&c->cq_head, __atomic_load_n(&c->cq->head, __ATOMIC_RELAXED),
-			 __ATOMIC_RELAXED);
+	region_indices(c);
 	c->arena = p + r->arena_off;
 	c->arena_len = r->arena_bytes;
 }
@@ -111,8 +116,9 @@ static int region_remap(struct kvc_conn *c, const struct kvd_session_open_rep *r
 		region_use(c, p, r);
 		return 0;
 	}
+	/* The same layout at the same address: every pointer stands (the other thread reads them). */
 	munmap(p, r->region_bytes);
-	region_use(c, c->region, r);
+	region_indices(c);
 	return 0;
 }
 
@@ -208,8 +214,6 @@ int kvc__push(struct kvc_conn *c, const struct kvd_sqe *sqe)
 
 int kvc_submit(struct kvc_conn *c, const struct kvd_sqe *sqe)
 {
-	if (!c->sq)
-		return -ENOTCONN;
 	pthread_mutex_lock(&c->lock);
 	int err = kvc__push(c, sqe);
 	/* The fence in kvring_needs_wakeup() orders the tail store before the
@@ -368,10 +372,13 @@ static int wait_sock(struct kvc_conn *c, struct kvd_cqe *out, uint32_t gen)
 	int err = peek_once(c, out);
 	if (err != -EAGAIN)
 		return err;
-	err = kvc_sock_event(c);
-	if (err == -ECONNRESET && !(err = kvc__reconnect_gen(c, gen)))
-		return 1;
-	return err;
+	/* Under the lock: another thread's reconnect may be reading replies off the new socket. */
+	pthread_mutex_lock(&c->lock);
+	err = c->gen != gen ? 0 : kvc_sock_event(c);
+	if (err == -ECONNRESET)
+		err = kvc__reconnect_locked(c, gen);
+	pthread_mutex_unlock(&c->lock);
+	return err ? err : 1;
 }
 
 int kvc_wait(struct kvc_conn *c, struct kvd_cqe *out, int timeout_ms)
