@@ -564,6 +564,7 @@ static const struct { const char *name; size_t off; int u32; } stats_fields[] = 
 	F(requests), F(tokens_prefilled), F(tokens_generated), F(kv_blocks_total),
 	F(kv_blocks_used), F(kv_blocks_cached), F(prefix_hit_tokens), F(prefix_miss_tokens),
 	F(evictions), F(preemptions), F(connections), F(sessions), F(steps),
+	F(restored_sessions), F(restored_blocks), F(restored_prefixes), F(resumed_sessions),
 #undef F
 };
 
