@@ -16,6 +16,7 @@
 
 #define POLL_US_DEFAULT	1000	/* --poll: spin this long after each completion, then sleep */
 #define POLL_US_MAX	1000000
+#define CHAT_RECONNECT_MS 30000	/* chat rides out a daemon restart this long */
 
 static const char *global_socket;	/* --socket before the command */
 
@@ -101,7 +102,10 @@ static void usage_chat(FILE *f)
 	fprintf(f, "usage: kvctl chat [options]\n\n"
 		"Each line of stdin is a user turn; the replies stream to stdout. The\n"
 		"conversation lives in the daemon's KV cache. /reset forgets it; Ctrl-C\n"
-		"cancels a reply (at the prompt it quits, as does end of input).\n\n");
+		"cancels a reply (at the prompt it quits, as does end of input). When kvd\n"
+		"restarts, chat reconnects (for up to $KVD_RECONNECT_MS ms, default %u) and\n"
+		"sends again the turn it interrupted (the whole conversation, should the\n"
+		"daemon have lost it).\n\n", CHAT_RECONNECT_MS);
 	fprintf(f, usage_sampling, 256u);
 	fprintf(f, "      --socket PATH   daemon socket\n"
 		"      --system TEXT   a system message before the first turn (and after /reset)\n"
@@ -411,6 +415,14 @@ out_free:
 /* ---------------------------------------------------------------------- */
 /* chat (tools/chat.c)                                                    */
 
+/* How long chat waits for a daemon that went to come back: $KVD_RECONNECT_MS (0: not), else 30 s. */
+static int chat_reconnect_ms(void)
+{
+	const char *s = getenv("KVD_RECONNECT_MS");
+	uint64_t v;
+	return s && *s && !tool_parse_u64(NULL, NULL, s, 0, INT32_MAX, &v) ? (int)v : CHAT_RECONNECT_MS;
+}
+
 static int cmd_chat(int argc, char **argv)
 {
 	struct kvctl_opts o = { .socket = global_socket, .max_tokens = 256 };
@@ -431,6 +443,7 @@ static int cmd_chat(int argc, char **argv)
 	}
 	if (o.poll_us)
 		kvc_set_spin(ch.c, o.poll_us);
+	kvc_set_reconnect(ch.c, chat_reconnect_ms());
 	catch_sigint();
 	int err = chat_loop(&ch, &o);
 	if (err == 1) {
@@ -442,6 +455,7 @@ static int cmd_chat(int argc, char **argv)
 	} else {
 		rc = 0;
 	}
+	chat_free(&ch);
 	kvc_close(ch.c);
 	return rc;
 }
