@@ -193,6 +193,8 @@ static void test_strerror(void **state)
 	assert_non_null(strstr(kvc_strerror(-ERANGE), "vocabulary"));
 	assert_non_null(strstr(kvc_strerror(-EDQUOT), "quota"));
 	assert_non_null(strstr(kvc_strerror(-ECANCELED), "cancelled"));
+	assert_non_null(strstr(kvc_strerror(-ERESTART), "resubmit"));
+	assert_non_null(strstr(kvc_strerror(-ESTALE), "no such session"));
 	assert_string_equal(kvc_strerror(-ESHUTDOWN), kvc_strerror(ESHUTDOWN));
 	/* A code kvd gives no meaning of its own reads as strerror's. */
 	assert_string_equal(kvc_strerror(-ENOTTY), strerror(ENOTTY));
