@@ -378,7 +378,7 @@ static struct kvc_flight *replayed(struct kvc_conn *c, const struct replay *rp, 
 /*
  * Give every request in flight its fate from the replays: a slot runs its
  * requests in order, so those of the slot submitted before a replayed one
- * were applied too. Returns with each entry's rp set for FATE_REPLAYED.
+ * were applied too. A FATE_REPLAYED entry's replay names its replay.
  */
 static void judge(struct kvc_conn *c, const struct replays *r)
 {
