@@ -517,7 +517,8 @@ static int cmd_stats(int argc, char **argv)
 
 static const char *const feature_names[] = {
 	"ring_wakeup", "cq_overflow", "prefix_cache", "priority", "sampling", "vocab", "text",
-	"plain_text", "system", "progress",
+	"plain_text", "system", "progress", "messages", "logprobs", "penalties", "cached_count",
+	"resume",
 };
 
 /* A token id field: a number, or none / null for ~0U. */
