@@ -17,10 +17,11 @@ extern "C" {
  * daemon's own errors (uapi/kvd.h, "Conventions") come back unchanged.
  * A peer hang-up reads as -ECONNRESET (-EPIPE when it is noticed by a send).
  *
- * A struct kvc_conn is not locked: use it from one thread at a time. The
- * one exception is the ring pair: one thread may submit (kvc_submit, the
- * arena allocator) while another consumes (kvc_peek, kvc_wait), since the
- * two sides touch disjoint state.
+ * Use a struct kvc_conn from one thread at a time, with one exception:
+ * one thread may submit (kvc_submit, the arena allocator) while another
+ * consumes (kvc_peek, kvc_wait). A lock inside keeps the two apart where
+ * they meet (the record of requests in flight, a reconnect that either
+ * side may run; see "Surviving a daemon restart").
  */
 struct kvc_conn;
 
@@ -60,6 +61,8 @@ int kvc_default_socket(char *buf, size_t cap);
  * another ABI, or the daemon's refusal (-EMFILE: its uid holds too many
  * connections). Every control round trip, this HELLO included, waits at
  * most $KVD_CTRL_TIMEOUT_MS (30000 by default) for its reply: -ETIMEDOUT.
+ * $KVD_RECONNECT_MS, a positive number, turns reconnecting on for that
+ * long (kvc_set_reconnect()).
  */
 int kvc_connect(struct kvc_conn **out, const char *path);
 
@@ -77,7 +80,9 @@ const struct kvd_hello_rep *kvc_info(const struct kvc_conn *c);
  * File descriptors for callers running their own event loop: the socket
  * (readable or hung up only when the daemon goes away) and the call doorbell
  * (readable when completions arrive, once kvc_arm() asked for it; -1 before
- * the first session). See kvc_arm() for the loop.
+ * the first session). See kvc_arm() for the loop. A reconnect keeps their
+ * numbers (the new connection's fds are dup'ed onto them): poll() needs
+ * nothing, an epoll set must have them added again.
  */
 int kvc_socket_fd(const struct kvc_conn *c);
 int kvc_call_fd(const struct kvc_conn *c);
@@ -96,11 +101,18 @@ int kvc_session_open(struct kvc_conn *c, uint32_t *session_id);
 /*
  * Same, asking for ring and arena sizes (0 = daemon default; powers of two,
  * arena a multiple of 4). Sizes matter only on the connection's first open.
+ * After a reconnect that could reopen no session (the daemon lost them),
+ * the next open is the new connection's first: a 0 size asks the old
+ * region's again, so the new one takes the old one's address and
+ * kvc_arena() stays what it was.
  */
 int kvc_session_open_ex(struct kvc_conn *c, uint32_t sq_entries, uint32_t cq_entries,
 			uint32_t arena_bytes, uint32_t *session_id);
 
-/* Close a session: the daemon cancels its requests and frees its sequences. */
+/*
+ * Close a session: the daemon cancels its requests and frees its
+ * sequences. A reconnect no longer reopens it, whatever the return.
+ */
 int kvc_session_close(struct kvc_conn *c, uint32_t session_id);
 
 /* Daemon-wide counters into *out. */
@@ -131,18 +143,29 @@ void kvc_arena_reset(struct kvc_conn *c);
  * Copy *sqe into the next SQ slot, publish it, and kick the daemon only if
  * it sleeps. The daemon validates the copy; a bad SQE completes with
  * res -errno. Returns 0, -EAGAIN when the SQ is full (consume completions
- * and retry), -ENOTCONN before the first session.
+ * and retry), -ENOTCONN before the first session (or after a reconnect
+ * that reopened none), -ENOMEM, -EPIPE when the kick found the daemon gone
+ * (the SQE was not sent). With reconnecting on, that kick reconnects
+ * first: the SQE goes to the new daemon, or gets its final CQE from the
+ * reconnect (-EPIPE only when reconnecting fails).
  */
 int kvc_submit(struct kvc_conn *c, const struct kvd_sqe *sqe);
 
-/* Take the next completion into *out without blocking: 0, or -EAGAIN when none is ready. */
+/*
+ * Take the next completion into *out without blocking: 0, or -EAGAIN when
+ * none is ready. With reconnecting on, it also looks whether the daemon
+ * hung up (at most once a millisecond) and reconnects then, which blocks
+ * for up to the reconnect time: -ECONNRESET when that fails, -EINTR.
+ */
 int kvc_peek(struct kvc_conn *c, struct kvd_cqe *out);
 
 /*
  * Take the next completion into *out, waiting up to timeout_ms (< 0:
  * forever). Spins on the CQ for the spin time first (kvc_set_spin), then
  * sleeps on the call doorbell. Returns 0, -ETIMEDOUT, -EINTR when a signal
- * interrupted the sleep (call again), -ECONNRESET when the daemon went away.
+ * interrupted the sleep (call again), -ECONNRESET when the daemon went away
+ * (with reconnecting on: and could not be reached again in time; the
+ * reconnect's time does not count against timeout_ms).
  */
 int kvc_wait(struct kvc_conn *c, struct kvd_cqe *out, int timeout_ms);
 
@@ -372,12 +395,91 @@ struct kvc_message {
 int kvc_messages_encode(const struct kvc_message *msgs, size_t n, void *out, size_t cap);
 
 /* ---------------------------------------------------------------------- */
+/* Surviving a daemon restart (KVD_FEAT_RESUME).                          */
+
+/*
+ * The daemon gives each session a resume token with which a new connection
+ * reopens it after the daemon restarted, its slots as they stood after
+ * their last completed request (uapi/kvd.h, KVD_OPEN_RESUME). The library
+ * keeps every open session's token and the requests it published whose
+ * final CQE was not taken yet, so that it can do the reopening itself.
+ */
+
+/*
+ * Session session_id's resume token into token. Returns 0, -ENOENT when c
+ * has no such open session (closed, or lost in a restart), -EOPNOTSUPP
+ * when the daemon did not grant KVD_FEAT_RESUME (or gave no token). The
+ * token is a secret: with it and the uid, anyone may resume the session.
+ */
+int kvc_session_token(const struct kvc_conn *c, uint32_t session_id, uint64_t token[2]);
+
+/*
+ * Reopen by its token a session the daemon kept (one a program saved the
+ * token of before it, or the daemon, restarted); its id, the same as
+ * before, goes to *session_id, the counts of its slots whose KV came back
+ * or was lost to *restored_slots and *lost_slots (either may be NULL; an
+ * APPEND or DECODE on a lost slot completes -ESTALE). The sizes asked are
+ * those of c's region, else the daemon's defaults: a region the session
+ * was opened with other sizes for does not matter, since the first open
+ * of this connection chooses it. For each slot that had completed a
+ * request, its final CQE comes again, flagged KVD_CQE_REPLAY, in the CQ
+ * for the caller to take. Returns 0, -EOPNOTSUPP (no KVD_FEAT_RESUME),
+ * -EINVAL (an all-zero token), -ESTALE (the daemon holds no such session),
+ * -EBUSY (it is open on another live connection, or its id is taken on
+ * this one), or another -errno.
+ */
+int kvc_session_resume(struct kvc_conn *c, const uint64_t token[2], uint32_t *session_id,
+		       uint32_t *restored_slots, uint32_t *lost_slots);
+
+/*
+ * Reconnect by itself for up to max_ms when the daemon goes away; 0 (the
+ * default, unless $KVD_RECONNECT_MS says otherwise at kvc_connect()) keeps
+ * a hang-up an error (-ECONNRESET). When kvc_wait() or kvc_peek() finds the
+ * socket hung up (or kvc_submit() a refused kick), the library connects to
+ * the same path again, retrying after 20 ms, doubling up to 500 ms, for up
+ * to max_ms in all, says HELLO, and reopens every session by its token
+ * (one that the daemon lost is forgotten: kvc_session_token() says -ENOENT
+ * then). The new region takes the old one's address, holding the old
+ * arena's bytes, so pointers into the arena and the offsets requests name
+ * stay valid; the vocabulary and kvc_info() are the new daemon's. Then
+ * every request that was in flight gets one final CQE, in submission
+ * order, before any later one, all flagged KVD_CQE_RESTARTED:
+ *
+ *   - its own final CQE, replayed (KVD_CQE_REPLAY as well): it was applied
+ *     before the daemon went, and this is its result;
+ *   - res 0 with KVD_CQE_REPLAY: a slot request submitted before one of
+ *     the same slot that was replayed; applied too, but its result is lost;
+ *   - res -ERESTART: it was not applied (nor was anything of a session
+ *     that could not be reopened); the session is as it was before it, so
+ *     the same request can be submitted again as it was.
+ *
+ * When the daemon is not back in time, the call that noticed returns
+ * -ECONNRESET (kvc_submit(): -EPIPE) and later calls stop trying; then
+ * kvc_reconnect() or a new kvc_set_reconnect() tries again. A reconnect
+ * blocks the submitting thread too; one that another thread runs while it
+ * writes into the arena may miss those bytes (written into the old arena
+ * after it was copied).
+ */
+void kvc_set_reconnect(struct kvc_conn *c, int max_ms);
+
+/*
+ * The same reconnect, now, for a caller running its own event loop that
+ * saw kvc_socket_fd() hang up: it tries for the kvc_set_reconnect() time
+ * (once, when that is 0). Returns 0, then the CQEs described there are
+ * ready for kvc_peek(); -EISCONN when the daemon is still there; -EPROTO
+ * when the new daemon's region would not have the old one's layout;
+ * -EINTR, or -errno of the last try.
+ */
+int kvc_reconnect(struct kvc_conn *c);
+
+/* ---------------------------------------------------------------------- */
 /* Text, from the vocabulary the daemon maps for us (KVD_FEAT_VOCAB).     */
 
 /*
  * Token id's bytes (not NUL-terminated; empty for control tokens) and their
  * count in *len, pointing into c's read-only mapping: valid until
- * kvc_close(). NULL when id is out of range or there is no vocabulary.
+ * kvc_close() (a reconnect keeps the old mapping). NULL when id is out of
+ * range or there is no vocabulary.
  */
 const char *kvc_token_bytes(const struct kvc_conn *c, uint32_t id, uint32_t *len);
 
@@ -445,7 +547,9 @@ struct kvc_text_opts {
  * on one connection never see each other's completions.
  *
  * Returns the final CQE's res: tokens produced, or positions cached for a
- * prefill, or -errno when the request failed (kvc_strerror() says why);
+ * prefill, or -errno when the request failed (kvc_strerror() says why;
+ * -ERESTART, with reconnecting on: the daemon restarted before it ran the
+ * request, and the session is as it was before it: call again);
  * or -errno of the connection (kvc_wait()'s or kvc_submit()'s; out then
  * says nothing). The arena room is given back once the request is over,
  * or when the daemon went away (-ECONNRESET, -EPIPE: nothing writes there

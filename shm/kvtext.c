@@ -1,5 +1,6 @@
-/* kvtext.c — libkvclient's conveniences: kvd's errno meanings, and text in, text out in one call. */
+/* kvtext.c — libkvclient's conveniences: kvd's errno meanings, streamed UTF-8, message lists, text in and out. */
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include "shm/kvclient.h"
@@ -28,6 +29,9 @@ const char *kvc_strerror(int err)
 			       "of file descriptors";
 	case ESHUTDOWN:	return "kvd is shutting down and takes no new work";
 	case ECANCELED:	return "the request was cancelled";
+	case ERESTART:	return "the daemon restarted with the request in flight; it was not applied: "
+			       "resubmit it";
+	case ESTALE:	return "the daemon holds no such session (closed, expired, or its KV was lost)";
 	case EIO:	return "the daemon's compute backend failed (the daemon stays up)";
 	case ECONNRESET:
 	case EPIPE:	return "the daemon went away";
@@ -225,4 +229,78 @@ int kvc_generate_text(struct kvc_conn *c, uint32_t session, uint32_t slot, const
 	if (r.over || conn_dead(rc))
 		kvc__arena_release(c, mark);
 	return rc ? rc : r.res;
+}
+
+/* Bytes of the UTF-8 sequence lead byte b starts; 1 for ASCII and invalid leads. */
+static size_t utf8_seq_len(uint8_t b)
+{
+	if (b >= 0xf0 && b < 0xf8)
+		return 4;
+	if (b >= 0xe0)
+		return b < 0xf0 ? 3 : 1;
+	return b >= 0xc0 ? 2 : 1;
+}
+
+size_t kvc_utf8_feed(struct kvc_utf8 *u, const char *in, size_t len, char *out)
+{
+	size_t n = u->n;
+	memcpy(out, u->held, n);
+	memcpy(out + n, in, len);
+	n += len;
+	u->n = 0;
+
+	/* Find the last lead byte among the final four; hold its sequence if short. */
+	size_t i = n, k = 0;
+	while (i > 0 && k < 3 && ((uint8_t)out[i - 1] & 0xc0) == 0x80) {
+		i--;
+		k++;
+	}
+	if (i > 0) {
+		size_t lead = i - 1, have = n - lead;
+		if (have < utf8_seq_len((uint8_t)out[lead])) {
+			u->n = (uint8_t)have;
+			memcpy(u->held, out + lead, have);
+			n = lead;
+		}
+	}
+	return n;
+}
+
+size_t kvc_utf8_flush(struct kvc_utf8 *u, char *out)
+{
+	size_t n = u->n;
+	memcpy(out, u->held, n);
+	u->n = 0;
+	return n;
+}
+
+int kvc_messages_encode(const struct kvc_message *msgs, size_t n, void *out, size_t cap)
+{
+	uint64_t total = 0;
+
+	if (!n || n > KVD_CHAT_MAX_MSGS || !msgs)
+		return -EINVAL;
+	for (size_t i = 0; i < n; i++) {
+		if (msgs[i].role < KVD_ROLE_SYSTEM || msgs[i].role >= KVD_ROLE_LAST ||
+		    (!msgs[i].text && msgs[i].len))
+			return -EINVAL;
+		if (msgs[i].len > UINT32_MAX)
+			return -E2BIG;
+		total += sizeof(struct kvd_chat_msg) + msgs[i].len;
+		if (total > INT_MAX)
+			return -E2BIG;
+	}
+	if (!out || total > cap)
+		return (int)total;
+	uint8_t *w = out;
+	for (size_t i = 0; i < n; i++) {
+		struct kvd_chat_msg h = { .role = msgs[i].role, .len = (uint32_t)msgs[i].len };
+
+		memcpy(w, &h, sizeof(h));
+		w += sizeof(h);
+		if (msgs[i].len)
+			memcpy(w, msgs[i].text, msgs[i].len);
+		w += msgs[i].len;
+	}
+	return (int)total;
 }

@@ -2,7 +2,7 @@
 KVC_SRCS := $(wildcard shm/*.c)
 KVC_OBJS := $(KVC_SRCS:%.c=$(B)/%.o)
 KVC_SOVER := 2
-KVC_VERSION := $(KVC_SOVER).1.0
+KVC_VERSION := $(KVC_SOVER).2.0
 KVC_HDRS := shm/kvclient.h shm/kvring.h
 
 $(B)/libkvclient.so.$(KVC_SOVER): $(KVC_OBJS) shm/libkvclient.map

@@ -3,9 +3,11 @@
  * external poll loop, kvc_generate_text) and kvctl as a user runs it (-n 0,
  * --chat/--system, context overflow, --poll sleeping while nothing comes,
  * connect hints for a non-root user, progress, a daemon shutting down)
- * against a real daemon. The tests named test_contract_* need the daemon's
- * side of the plain-text, system, progress and shutdown additions to
- * uapi/kvd.h and skip when its HELLO reply does not grant them.
+ * against a real daemon, and across its crash (kvc_session_token,
+ * reconnecting off, on with no daemon coming back, on with one that does;
+ * kvctl chat). The tests named test_contract_* need the daemon's side of
+ * the plain-text, system, progress and shutdown additions to uapi/kvd.h
+ * and skip when its HELLO reply does not grant them.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -191,6 +193,8 @@ static void test_strerror(void **state)
 	assert_non_null(strstr(kvc_strerror(-ERANGE), "vocabulary"));
 	assert_non_null(strstr(kvc_strerror(-EDQUOT), "quota"));
 	assert_non_null(strstr(kvc_strerror(-ECANCELED), "cancelled"));
+	assert_non_null(strstr(kvc_strerror(-ERESTART), "resubmit"));
+	assert_non_null(strstr(kvc_strerror(-ESTALE), "no such session"));
 	assert_string_equal(kvc_strerror(-ESHUTDOWN), kvc_strerror(ESHUTDOWN));
 	/* A code kvd gives no meaning of its own reads as strerror's. */
 	assert_string_equal(kvc_strerror(-ENOTTY), strerror(ENOTTY));
@@ -456,6 +460,211 @@ static void test_generate_text_wait_error(void **state)
 }
 
 /* ---------------------------------------------------------------------- */
+/* Surviving a restart                                                    */
+
+/*
+ * Kill d's daemon with SIGKILL (no drain, as a crash would) and, unless
+ * down_only, start another on the same socket, as systemd's restart would;
+ * 0 once it answers there.
+ */
+static int crash_daemon(struct kvd_proc *d, int down_only)
+{
+	kill(d->pid, SIGKILL);
+	waitpid(d->pid, NULL, 0);
+	d->pid = 0;
+	if (down_only)
+		return 0;
+	const char *argv[] = { kp_bin(), "--model", kp_model(), "--socket", d->sock,
+			       "--drain-timeout", "2000", "--bpf", "off", NULL };
+	pid_t pid = kp_spawn(argv, d->log, 0, NULL, NULL);
+	if (pid < 0)
+		return pid;
+	d->pid = pid;
+	struct kw_deadline w;
+	long long ticks = -1;
+	for (kw_start_default(&w); !kw_expired(&w); kp_sleep_ms(20)) {
+		struct kvc_conn *c;
+		kp_note_cpu(&w, pid, &ticks);
+		if (!kvc_connect(&c, d->sock)) {
+			kvc_close(c);
+			return 0;
+		}
+	}
+	kp_log_tail(d);
+	return -ETIMEDOUT;
+}
+
+/* A streamed GENERATE of n tokens as user_data ud on slot 0, and its first CQE taken: it runs. */
+static void start_long(struct kvc_conn *c, uint32_t s, uint64_t ud, uint32_t n)
+{
+	uint32_t in, out;
+	const char *p = "1, 2, 3, 4,";
+	struct kvd_sqe q;
+	struct kvd_cqe e;
+	assert_int_equal(kvc_arena_alloc(c, (uint32_t)strlen(p), &in), 0);
+	assert_int_equal(kvc_arena_alloc(c, n * 4, &out), 0);
+	memcpy(kvc_arena(c, NULL) + in, p, strlen(p));
+	kvc_prep_generate(&q, s, 0, ud, in, (uint32_t)strlen(p), out, n);
+	q.flags = KVD_SQE_TEXT | KVD_SQE_STREAM | KVD_SQE_IGNORE_EOS;
+	assert_int_equal(kvc_submit(c, &q), 0);
+	assert_int_equal(kvc_wait(c, &e, kw_ms(120000)), 0);
+	assert_int_equal(e.user_data, ud);
+	assert_true(e.flags & KVD_CQE_MORE);
+}
+
+/*
+ * Every open session has a token once the daemon grants RESUME (none
+ * without it), a different one each, and none once closed. The daemon's
+ * side gives real tokens only once it is merged: before, it may grant the
+ * bit with all-zero tokens, which the library does not hand out.
+ */
+static void test_session_token(void **state)
+{
+	(void)state;
+	uint32_t a, b;
+	uint64_t ta[2] = { 0 }, tb[2] = { 0 };
+	struct kvc_conn *c = conn(&a);
+	assert_int_equal(kvc_session_open(c, &b), 0);
+	int granted = !!(kvc_info(c)->features & KVD_FEAT_RESUME);
+	int ra = kvc_session_token(c, a, ta), rb = kvc_session_token(c, b, tb);
+	assert_int_equal(kvc_session_token(c, a ^ 0x100, ta), -ENOENT);	/* another generation */
+	assert_int_equal(kvc_session_token(c, 63, ta), -ENOENT);
+	assert_int_equal(ra, rb);
+	if (!granted)
+		assert_int_equal(ra, -EOPNOTSUPP);
+	else if (ra == -EOPNOTSUPP)
+		print_message("  the daemon grants RESUME but gives no tokens (its side is not merged)\n");
+	else
+		assert_int_equal(ra, 0);
+	if (!ra) {
+		assert_true(ta[0] || ta[1]);
+		assert_true(tb[0] || tb[1]);
+		assert_false(ta[0] == tb[0] && ta[1] == tb[1]);
+		/* A token nobody was given names no session. */
+		uint64_t bogus[2] = { ta[0] ^ 0x5a5a5a5a5a5a5a5aull, ta[1] ^ 1 };
+		uint32_t id;
+		assert_int_equal(kvc_session_resume(c, bogus, &id, NULL, NULL), -ESTALE);
+	}
+	uint64_t zero[2] = { 0, 0 };
+	uint32_t id;
+	assert_int_equal(kvc_session_resume(c, zero, &id, NULL, NULL), granted ? -EINVAL : -EOPNOTSUPP);
+	assert_int_equal(kvc_session_close(c, a), 0);
+	assert_int_equal(kvc_session_token(c, a, ta), -ENOENT);
+	kvc_close(c);
+}
+
+/* Reconnecting off (the default): a daemon that dies is -ECONNRESET, as it always was. */
+static void test_reconnect_off(void **state)
+{
+	(void)state;
+	struct kvd_proc d2;
+	struct kvc_conn *c;
+	struct kvd_cqe e;
+	uint32_t s;
+	need_daemon();
+	assert_int_equal(kp_start(&d2, NULL), 0);
+	assert_int_equal(kvc_connect(&c, d2.sock), 0);
+	kvc_set_reconnect(c, 0);	/* whatever $KVD_RECONNECT_MS says */
+	assert_int_equal(kvc_session_open(c, &s), 0);
+	start_long(c, s, 7, 4000);
+	crash_daemon(&d2, 1);
+	int err;
+	while ((err = kvc_wait(c, &e, -1)) == 0)
+		assert_true(e.flags & KVD_CQE_MORE);	/* the tokens it posted before it died */
+	assert_int_equal(err, -ECONNRESET);
+	assert_int_equal(kvc_wait(c, &e, -1), -ECONNRESET);
+	kvc_close(c);
+	kp_cleanup(&d2);
+}
+
+/* Reconnecting on and no daemon coming back: kvc_wait() gives up after its time, -ECONNRESET. */
+static void test_reconnect_gives_up(void **state)
+{
+	(void)state;
+	struct kvd_proc d2;
+	struct kvc_conn *c;
+	struct kvd_cqe e;
+	uint32_t s;
+	need_daemon();
+	assert_int_equal(kp_start(&d2, NULL), 0);
+	assert_int_equal(kvc_connect(&c, d2.sock), 0);
+	kvc_set_reconnect(c, 300);
+	assert_int_equal(kvc_session_open(c, &s), 0);
+	start_long(c, s, 7, 4000);
+	crash_daemon(&d2, 1);
+	int64_t t0 = kp_now_ms();
+	int err;
+	while ((err = kvc_wait(c, &e, -1)) == 0)
+		assert_true(e.flags & KVD_CQE_MORE);
+	print_message("  gave up after %lld ms (reconnect time 300 ms)\n", (long long)(kp_now_ms() - t0));
+	assert_int_equal(err, -ECONNRESET);
+	/* Given up: the next call does not wait that long again. */
+	assert_int_equal(kvc_wait(c, &e, -1), -ECONNRESET);
+	assert_int_equal(kvc_reconnect(c), -ECONNREFUSED);	/* by hand: the socket is still there */
+	kvc_close(c);
+	kp_cleanup(&d2);
+}
+
+/*
+ * The daemon crashes under a request and comes back on the same socket:
+ * kvc_wait() reconnects by itself and the request gets one final CQE,
+ * flagged RESTARTED (-ERESTART, or its replay once the daemon resumes
+ * sessions). The arena keeps its address and its bytes, the socket its fd,
+ * kvc_info() is the new daemon's; the session is back, or, from a daemon
+ * that cannot resume it, forgotten, and a new one works.
+ */
+static void test_reconnect_restart(void **state)
+{
+	(void)state;
+	struct kvd_proc d2;
+	struct kvc_conn *c;
+	struct kvd_cqe e;
+	uint32_t s, mark_off, bytes;
+	uint64_t tok[2];
+	need_daemon();
+	assert_int_equal(kp_start(&d2, NULL), 0);
+	assert_int_equal(kvc_connect(&c, d2.sock), 0);
+	kvc_set_reconnect(c, kw_ms(60000));
+	assert_int_equal(kvc_session_open(c, &s), 0);
+	assert_int_equal(kvc_arena_alloc(c, 16, &mark_off), 0);
+	uint8_t *arena = kvc_arena(c, &bytes);
+	memcpy(arena + mark_off, "still here", 11);
+	int sock = kvc_socket_fd(c);
+	uint32_t old_pid = kvc_info(c)->daemon_pid;
+	start_long(c, s, 7, 4000);
+	assert_int_equal(crash_daemon(&d2, 0), 0);
+
+	int err;
+	while ((err = kvc_wait(c, &e, -1)) == 0 && (e.flags & KVD_CQE_MORE))
+		assert_false(e.flags & KVD_CQE_RESTARTED);
+	assert_int_equal(err, 0);
+	print_message("  final CQE: res %d flags %#x\n", e.res, e.flags);
+	assert_int_equal(e.user_data, 7);
+	assert_true(e.flags & KVD_CQE_RESTARTED);
+	if (e.flags & KVD_CQE_REPLAY)
+		assert_true(e.res >= 0);
+	else
+		assert_int_equal(e.res, -ERESTART);
+	assert_int_equal(kvc_peek(c, &e), -EAGAIN);	/* one final CQE, nothing else */
+	assert_ptr_equal(kvc_arena(c, NULL), arena);
+	assert_string_equal((const char *)arena + mark_off, "still here");
+	assert_int_equal(kvc_socket_fd(c), sock);
+	assert_int_equal(kvc_info(c)->daemon_pid, (uint32_t)d2.pid);
+	assert_true(kvc_info(c)->daemon_pid != old_pid);
+
+	err = kvc_session_token(c, s, tok);
+	print_message("  the session %s\n", err == -ENOENT ? "was lost: a new one" : "came back");
+	if (err == -ENOENT) {
+		assert_int_equal(kvc_session_open(c, &s), 0);
+		assert_ptr_equal(kvc_arena(c, NULL), arena);
+	}
+	struct kvc_text_opts o = { .max_tokens = 4, .flags = KVD_SQE_IGNORE_EOS, .user_data = 20 };
+	assert_int_equal(kvc_generate_text(c, s, 0, "Hello", 5, &o, NULL, NULL, NULL), 4);
+	kvc_close(c);
+	kp_cleanup(&d2);
+}
+
+/* ---------------------------------------------------------------------- */
 /* kvctl                                                                  */
 
 /* -n 0 is a prefill, said as kvd --prompt -n 0 says it; exit 0. */
@@ -548,10 +757,15 @@ static void test_kvctl_stats_steps(void **state)
 	kvctl(&r, "stats", "stats", NULL);
 	assert_int_equal(r.status, 0);
 	assert_non_null(strstr(r.out, "\nsteps "));
+	assert_non_null(strstr(r.out, "\nrestored_sessions "));
+	assert_non_null(strstr(r.out, "\nrestored_blocks "));
+	assert_non_null(strstr(r.out, "\nrestored_prefixes "));
+	assert_non_null(strstr(r.out, "\nresumed_sessions "));
 	run_free(&r);
 	kvctl(&r, "statsjson", "stats", "--json", NULL);
 	assert_int_equal(r.status, 0);
 	assert_non_null(strstr(r.out, "\"steps\":"));
+	assert_non_null(strstr(r.out, "\"resumed_sessions\":"));
 	run_free(&r);
 }
 
@@ -631,6 +845,69 @@ static void test_kvctl_poll_sleeps(void **state)
 	assert_int_equal(bad, 0);
 	assert_true(sleeping >= samples * 3 / 4);
 	assert_true(cpu_ms < (double)wall_ms / 4);
+}
+
+/* Wait (no deadline but the test's own death) until path holds lines newlines, or pid exits. */
+static int wait_lines(const char *path, pid_t pid, int lines)
+{
+	for (;;) {
+		char *text = slurp(path);
+		int n = 0;
+		for (const char *p = text; p && (p = strchr(p, '\n')); p++)
+			n++;
+		free(text);
+		if (n >= lines)
+			return 0;
+		if (waitpid(pid, NULL, WNOHANG) == pid)
+			return -1;
+		kp_sleep_ms(20);
+	}
+}
+
+/*
+ * kvctl chat rides out a daemon crash between two turns: the second turn
+ * reconnects and is answered, by the session the daemon gave back, or,
+ * from one that lost it, by a new session sent the whole conversation.
+ */
+static void test_kvctl_chat_restart(void **state)
+{
+	(void)state;
+	need_daemon();
+	struct kvd_proc d2;
+	int in[2];
+	char out[128], err[128];
+	assert_int_equal(kp_start(&d2, NULL), 0);
+	assert_int_equal(pipe2(in, O_CLOEXEC), 0);	/* the restarted daemon must not hold it open */
+	snprintf(out, sizeof(out), "%s/chatrestart.out", tmpdir);
+	snprintf(err, sizeof(err), "%s/chatrestart.err", tmpdir);
+	pid_t pid = kp_fork();
+	if (pid == 0) {
+		child_redirect(out, err);
+		dup2(in[0], 0);
+		setenv("KVD_RECONNECT_MS", "600000", 1);	/* the restart below waits for the model */
+		execl(KVCTL, KVCTL, "--socket", d2.sock, "chat", "-n", "8", (char *)NULL);
+		_exit(127);
+	}
+	close(in[0]);
+	const char *first = "My name is Ada.\n", *second = "What is my name?\n";
+	assert_int_equal(write(in[1], first, strlen(first)), (ssize_t)strlen(first));
+	int answered = wait_lines(out, pid, 1) == 0;
+	int back = answered && crash_daemon(&d2, 0) == 0;
+	if (back)
+		assert_int_equal(write(in[1], second, strlen(second)), (ssize_t)strlen(second));
+	close(in[1]);
+	struct run r;
+	finish_cmd(pid, "chatrestart", &r);
+	kp_cleanup(&d2);
+	assert_true(answered);
+	assert_true(back);
+	assert_int_equal(r.status, 0);
+	int lines = 0;
+	for (const char *p = r.out; (p = strchr(p, '\n')); p++)
+		lines++;
+	assert_int_equal(lines, 2);
+	assert_null(strstr(r.err, "went away"));
+	run_free(&r);
 }
 
 /* In a child: a private /run holding kvd/kvd.sock -> the test daemon's socket, as the system one. */
@@ -853,6 +1130,10 @@ int main(void)
 		cmocka_unit_test_teardown(test_generate_text, teardown),
 		cmocka_unit_test_teardown(test_generate_text_cancel_cqe, teardown),
 		cmocka_unit_test_teardown(test_generate_text_wait_error, teardown),
+		cmocka_unit_test_teardown(test_session_token, teardown),
+		cmocka_unit_test_teardown(test_reconnect_off, teardown),
+		cmocka_unit_test_teardown(test_reconnect_gives_up, teardown),
+		cmocka_unit_test_teardown(test_reconnect_restart, teardown),
 		cmocka_unit_test_teardown(test_kvctl_prefill_only, teardown),
 		cmocka_unit_test_teardown(test_kvctl_system_needs_chat, teardown),
 		cmocka_unit_test_teardown(test_kvctl_context_overflow, teardown),
@@ -860,6 +1141,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_kvctl_stats_steps, teardown),
 		cmocka_unit_test_teardown(test_kvctl_info_pid, teardown),
 		cmocka_unit_test_teardown(test_kvctl_poll_sleeps, teardown),
+		cmocka_unit_test_teardown(test_kvctl_chat_restart, teardown),
 		cmocka_unit_test_teardown(test_kvctl_connect_hints, teardown),
 		cmocka_unit_test_teardown(test_contract_chat_system, teardown),
 		cmocka_unit_test_teardown(test_contract_plain_default, teardown),

@@ -28,7 +28,7 @@ $(CUDA_TEST_BINS): LDLIBS += $(CUDA_SO_LINK)
 # 2 cores): the compute-bound suites (kernels, engine, golden, sampler
 # statistics) would take many minutes and are covered by the ASan pass.
 TEST_EXTRA ?= 1
-VALGRIND_BINS := $(patsubst %,$(B)/tests/test_%,kvpool gguf tokenizer paged) $(FUZZ_REPLAY)
+VALGRIND_BINS := $(patsubst %,$(B)/tests/test_%,kvpool gguf tokenizer paged kvresume) $(FUZZ_REPLAY)
 
 # Shell tests run after the programs, in the plain pass; the sanitizer pass
 # runs test_http.sh alone, with kvd and kvhttp both from $(B)/asan (the others

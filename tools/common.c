@@ -148,7 +148,8 @@ int tool_connect(struct kvc_conn **c, const char *path, const char *who)
 const char *tool_conn_error(int err)
 {
 	return err == -ECONNRESET || err == -EPIPE ? "the daemon went away" :
-	       err == -ESHUTDOWN ? "the daemon is shutting down" : strerror(-err);
+	       err == -ESHUTDOWN ? "the daemon is shutting down" :
+	       err == -ERESTART || err == -ESTALE ? kvc_strerror(err) : strerror(-err);
 }
 
 void tool_json_string(FILE *f, const char *s, size_t n)

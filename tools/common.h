@@ -41,7 +41,12 @@ int tool_connect(struct kvc_conn **c, const char *path, const char *who);
  */
 void tool_connect_explain(const char *who, const char *path, int err);
 
-/* A lost connection's err as words: "the daemon went away" rather than "Connection reset by peer". */
+/*
+ * A lost connection's err as words: "the daemon went away" rather than
+ * "Connection reset by peer"; a restart's -ERESTART and -ESTALE in kvd's
+ * terms (kvc_strerror()), not glibc's ("Interrupted system call should be
+ * restarted").
+ */
 const char *tool_conn_error(int err);
 
 /* Print s[0, n) as a JSON string, quotes included; bytes that are not valid UTF-8 become U+FFFD. */

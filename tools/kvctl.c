@@ -9,12 +9,14 @@
 #include <string.h>
 #include <unistd.h>
 #include "shm/kvclient.h"
+#include "tools/chat.h"
 #include "tools/common.h"
 #include "tools/turn.h"
 #include "uapi/kvd.h"
 
 #define POLL_US_DEFAULT	1000	/* --poll: spin this long after each completion, then sleep */
 #define POLL_US_MAX	1000000
+#define CHAT_RECONNECT_MS 30000	/* chat rides out a daemon restart this long */
 
 static const char *global_socket;	/* --socket before the command */
 
@@ -100,7 +102,10 @@ static void usage_chat(FILE *f)
 	fprintf(f, "usage: kvctl chat [options]\n\n"
 		"Each line of stdin is a user turn; the replies stream to stdout. The\n"
 		"conversation lives in the daemon's KV cache. /reset forgets it; Ctrl-C\n"
-		"cancels a reply (at the prompt it quits, as does end of input).\n\n");
+		"cancels a reply (at the prompt it quits, as does end of input). When kvd\n"
+		"restarts, chat reconnects (for up to $KVD_RECONNECT_MS ms, default %u) and\n"
+		"sends again the turn it interrupted (the whole conversation, should the\n"
+		"daemon have lost it).\n\n", CHAT_RECONNECT_MS);
 	fprintf(f, usage_sampling, 256u);
 	fprintf(f, "      --socket PATH   daemon socket\n"
 		"      --system TEXT   a system message before the first turn (and after /reset)\n"
@@ -408,117 +413,14 @@ out_free:
 }
 
 /* ---------------------------------------------------------------------- */
-/* chat                                                                   */
+/* chat (tools/chat.c)                                                    */
 
-/* Wait for the CQE of user_data ud, skipping others; its res, or -errno of the wait. */
-static int wait_for(struct kvc_conn *c, uint64_t ud)
+/* How long chat waits for a daemon that went to come back: $KVD_RECONNECT_MS (0: not), else 30 s. */
+static int chat_reconnect_ms(void)
 {
-	struct kvd_cqe cqe;
-	for (;;) {
-		int err = kvc_wait(c, &cqe, -1);
-		if (err == -EINTR)
-			continue;
-		if (err)
-			return err;
-		if (cqe.user_data == ud && !(cqe.flags & KVD_CQE_MORE))
-			return cqe.res;
-	}
-}
-
-/* /reset: forget the conversation the slot holds; 0, or -errno after saying why. */
-static int reset_slot(struct kvc_conn *c, uint32_t session, uint64_t ud)
-{
-	struct kvd_sqe sqe;
-	kvc_prep_reset(&sqe, session, SLOT, ud);
-	int err = kvc_submit(c, &sqe);
-	if (!err)
-		err = wait_for(c, ud);
-	if (err < 0 && err != -ECONNRESET && err != -EPIPE)
-		fprintf(stderr, "kvctl: reset failed: %s\n", kvc_strerror(err));
-	return err < 0 ? err : 0;
-}
-
-struct chat {
-	struct kvc_conn	*c;
-	uint32_t	session;
-	uint64_t	ud;
-	uint16_t	flags;		/* TEXT|CHAT and what text_flags() added */
-	int		history;	/* the slot holds earlier turns: APPEND to them */
-	int		tty;
-};
-
-/*
- * One line of input: /reset, or a user turn and its streamed reply. 0 to
- * go on, 1 when the daemon is shutting down, -errno when the connection
- * is lost.
- */
-static int chat_line(struct chat *ch, const char *line, size_t n, const struct kvctl_opts *o)
-{
-	ch->ud += 2;
-	if (!strcmp(line, "/reset")) {
-		int err = reset_slot(ch->c, ch->session, ch->ud);
-		if (err == -ECONNRESET || err == -EPIPE)
-			return err;
-		if (err == -ESHUTDOWN)
-			return 1;
-		if (err < 0)
-			return 0;
-		ch->history = 0;
-		if (ch->tty)
-			fprintf(stderr, "(history cleared)\n");
-		return 0;
-	}
-	struct turn t;
-	uint16_t flags = ch->flags | (ch->history ? KVD_SQE_APPEND : 0);
-	/* The system message opens the conversation; later turns come after it. */
-	int err = run_turn(ch->c, ch->session, ch->ud, line, n, ch->history ? NULL : o->system,
-			   flags, o, &t);
-	if (err)
-		return err;
-	if (turn_shutdown(&t)) {
-		if (t.n)
-			putchar('\n');
-		return 1;
-	}
-	if (t.res < 0) {
-		report_error(ch->c, &t, o);
-		if (t.res == -E2BIG && ch->history)
-			fprintf(stderr, "kvctl: the conversation is full; /reset starts over\n");
-		return 0;
-	}
-	ch->history = 1;
-	putchar('\n');
-	if (t.flags & KVD_CQE_CANCELLED)
-		fprintf(stderr, "(cancelled)\n");
-	fflush(stdout);
-	return 0;
-}
-
-/* Turns until end of input: 0, 1 when the daemon shuts down, -errno when it went away. */
-static int chat_loop(struct chat *ch, const struct kvctl_opts *o)
-{
-	char *line = NULL;
-	size_t cap = 0;
-	int rc = 0;
-	while (!rc) {
-		if (ch->tty) {
-			fputs("> ", stdout);
-			fflush(stdout);
-		}
-		tool_interrupted = 0;
-		ssize_t n = getline(&line, &cap, stdin);
-		if (n < 0) {
-			if (ch->tty)
-				putchar('\n');
-			break;
-		}
-		while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r'))
-			line[--n] = '\0';
-		if (n > 0)
-			rc = chat_line(ch, line, (size_t)n, o);
-	}
-	free(line);
-	return rc;
+	const char *s = getenv("KVD_RECONNECT_MS");
+	uint64_t v;
+	return s && *s && !tool_parse_u64(NULL, NULL, s, 0, INT32_MAX, &v) ? (int)v : CHAT_RECONNECT_MS;
 }
 
 static int cmd_chat(int argc, char **argv)
@@ -541,6 +443,7 @@ static int cmd_chat(int argc, char **argv)
 	}
 	if (o.poll_us)
 		kvc_set_spin(ch.c, o.poll_us);
+	kvc_set_reconnect(ch.c, chat_reconnect_ms());
 	catch_sigint();
 	int err = chat_loop(&ch, &o);
 	if (err == 1) {
@@ -552,6 +455,7 @@ static int cmd_chat(int argc, char **argv)
 	} else {
 		rc = 0;
 	}
+	chat_free(&ch);
 	kvc_close(ch.c);
 	return rc;
 }
@@ -564,6 +468,7 @@ static const struct { const char *name; size_t off; int u32; } stats_fields[] = 
 	F(requests), F(tokens_prefilled), F(tokens_generated), F(kv_blocks_total),
 	F(kv_blocks_used), F(kv_blocks_cached), F(prefix_hit_tokens), F(prefix_miss_tokens),
 	F(evictions), F(preemptions), F(connections), F(sessions), F(steps),
+	F(restored_sessions), F(restored_blocks), F(restored_prefixes), F(resumed_sessions),
 #undef F
 };
 
@@ -612,7 +517,8 @@ static int cmd_stats(int argc, char **argv)
 
 static const char *const feature_names[] = {
 	"ring_wakeup", "cq_overflow", "prefix_cache", "priority", "sampling", "vocab", "text",
-	"plain_text", "system", "progress",
+	"plain_text", "system", "progress", "messages", "logprobs", "penalties", "cached_count",
+	"resume",
 };
 
 /* A token id field: a number, or none / null for ~0U. */

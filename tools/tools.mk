@@ -18,7 +18,7 @@ $(B)/tools/kvc_example.o: $(KVC_INC_HDRS)
 # kvc_example shows libkvclient alone; the others share tools/common.c.
 $(B)/kvctl $(B)/kvbench $(B)/kvtop: $(B)/tools/common.o
 $(B)/kvbench: $(B)/tools/bench_results.o
-$(B)/kvctl: $(B)/tools/turn.o
+$(B)/kvctl: $(B)/tools/turn.o $(B)/tools/chat.o
 
 # kvhttp, the OpenAI-compatible HTTP front: libmicrohttpd and jansson (Debian's), threads.
 KVHTTP_OBJS := $(patsubst %.c,$(B)/%.o,$(wildcard tools/kvhttp/*.c))

@@ -215,6 +215,7 @@ int run_turn(struct kvc_conn *c, uint32_t session, uint64_t ud, const char *text
 		fflush(stdout);
 	}
 done:
+	t->shown = printed;
 	progress_erase(&pr);
 	/* A character the stream ended inside of stays unprinted. */
 	if (!pr.quiet)

@@ -27,6 +27,7 @@ struct turn {
 	uint32_t	flags;		/* of the final CQE */
 	uint32_t	aux;		/* of the final CQE: -E2BIG's positions needed */
 	int		res;		/* the final CQE's res: n, or -errno */
+	uint32_t	shown;		/* tokens printed, a failed turn's streamed ones too */
 	uint32_t	out_off;	/* where the ids are in the arena */
 	double		t_submit, t_first, t_last, t_end;
 };
