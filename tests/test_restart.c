@@ -17,9 +17,9 @@
 
 #define CLIENTS 16
 #define TURNS 4
-#define FIRST 150	/* the first turn's prompt */
+#define FIRST 100	/* the first turn's prompt */
 #define NEXT 20		/* each later turn's */
-#define OUT 20		/* tokens each turn generates */
+#define OUT 16		/* tokens each turn generates */
 #define KILL_TURN 2	/* the turn in flight when the daemon dies */
 
 static const char *const POOL[] = { "--kv-blocks", "2048", NULL };
@@ -254,7 +254,7 @@ static void test_kill9_under_load(void **state)
 	 * Prefill rows after the restart: per client the turn again (unless it
 	 * had been applied) and the last one, their pending tokens, and what
 	 * the restore left to recompute, under a block. Had the KV been lost,
-	 * each would have prefilled its whole conversation (over 200 rows).
+	 * each would have prefilled its whole conversation (over 150 rows).
 	 */
 	uint64_t bound = (uint64_t)CLIENTS * (2 * NEXT + 16 + 2);
 	if (st.tokens_prefilled > bound)

@@ -253,6 +253,54 @@ static void test_idle_preempted_before_running(void **state)
 	run();
 }
 
+/* Steps until slot sl has no request left (at most 64); its DECODE's tokens are then at arena 0. */
+static void drain_slot(const struct slot *sl)
+{
+	for (int i = 0; i < 64 && sl->head; i++)
+		step();
+	assert_null(sl->head);
+}
+
+/*
+ * A sequence preempted while idle after its PREFILL keeps the right to
+ * DECODE (it used to complete -EINVAL, its logits gone): its tokens are
+ * recomputed, the last one's logits with them, and the DECODE gives the
+ * tokens it gives on a sequence nobody preempted.
+ */
+static void test_preempted_prefill_still_decodes(void **state)
+{
+	(void)state;
+	uint32_t want[4], got[4];
+	pol_open(4, 16, 0);
+	struct conn *c = conn_add(1, 2, 1);
+	struct request *a = req_add(c, 0, KVD_OP_PREFILL, 2 * BT, 0, KVD_PRIO_INTERACTIVE, 1);
+	struct slot *sa = a->sl;
+	drain_slot(sa);
+	req_add(c, 0, KVD_OP_DECODE, 0, 4, KVD_PRIO_INTERACTIVE, 2);
+	drain_slot(sa);
+	memcpy(want, c->rg.arena, sizeof(want));
+	pol_close(NULL);
+
+	pol_open(4, 16, 0);
+	c = conn_add(1, 2, 1);
+	a = req_add(c, 0, KVD_OP_PREFILL, 2 * BT, 0, KVD_PRIO_INTERACTIVE, 1);
+	sa = a->sl;
+	drain_slot(sa);
+	assert_true(sa->has_logits);
+	/* Three blocks for slot 1: only by taking slot 0's two. */
+	struct request *b = req_add(c, 1, KVD_OP_PREFILL, 3 * BT, 0, KVD_PRIO_INTERACTIVE, 3);
+	drain_slot(b->sl);
+	assert_int_equal(P.srv.n_preemptions, 1);
+	assert_int_equal(blocks(sa), 0);
+	assert_false(sa->has_logits);
+	assert_int_equal(sa->n_resume, 2 * BT);
+	memset(c->rg.arena, 0xff, sizeof(got));
+	req_add(c, 0, KVD_OP_DECODE, 0, 4, KVD_PRIO_INTERACTIVE, 2);
+	drain_slot(sa);
+	memcpy(got, c->rg.arena, sizeof(got));
+	assert_memory_equal(got, want, sizeof(want));
+}
+
 /*
  * Pool full with four mid-prefill requests, one block each: X (interactive,
  * oldest), B1 and B2 (background), I (interactive, newest). X's next block
@@ -490,6 +538,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_teardown(test_idle_preempted_before_running, pol_close),
+		cmocka_unit_test_teardown(test_preempted_prefill_still_decodes, pol_close),
 		cmocka_unit_test_teardown(test_victim_is_newest_of_lowest_class, pol_close),
 		cmocka_unit_test_teardown(test_lower_rank_never_preempts_higher, pol_close),
 		cmocka_unit_test_teardown(test_clients_share_prefill_rows, pol_close),

@@ -283,14 +283,6 @@ static int keep_rank_less(const struct request *a, const struct request *b)
 	return a->id < b->id;
 }
 
-/*
- * Find the sequence to preempt for r, the cheapest kind first: an idle
- * sequence holding blocks; then one whose client is stalled (its CQ full:
- * it cannot take a token, so it must not hold blocks others wait for,
- * whatever its rank or age); else the newest request of the lowest class
- * that ranks below r and has no row in this step. Returns 1 if one was
- * preempted.
- */
 /* A restored session's sequence nobody has reopened yet gives up its blocks first. */
 static int preempt_orphan(struct server *srv)
 {
@@ -303,6 +295,14 @@ static int preempt_orphan(struct server *srv)
 	return 0;
 }
 
+/*
+ * Find the sequence to preempt for r, the cheapest kind first: a restored
+ * session's that nobody has reopened; an idle sequence holding blocks; then
+ * one whose client is stalled (its CQ full: it cannot take a token, so it
+ * must not hold blocks others wait for, whatever its rank or age); else
+ * the newest request of the lowest class that ranks below r and has no row
+ * in this step. Returns 1 if one was preempted.
+ */
 static int make_room(struct server *srv, struct request *r)
 {
 	enum { IDLE, STALLED, RANKED, NONE } kind = NONE;
@@ -636,7 +636,6 @@ static void finish_step(struct sched *sc, const struct batch *b, int rc)
 	}
 }
 
-/* Bookkeeping at a step boundary: hang-ups, closed sessions, new SQEs, overflow. */
 /* Restored sessions nobody reopened in time: their blocks stay cached, their records go. */
 static void expire_orphans(struct server *srv)
 {
@@ -656,6 +655,7 @@ static void expire_orphans(struct server *srv)
 	}
 }
 
+/* Bookkeeping at a step boundary: hang-ups, closed sessions, new SQEs, overflow. */
 void sched_housekeeping(struct server *srv)
 {
 	if (srv->orphans)
