@@ -480,18 +480,7 @@ static int crash_daemon(struct kvd_proc *d, int down_only)
 	if (pid < 0)
 		return pid;
 	d->pid = pid;
-	struct kw_deadline w;
-	long long ticks = -1;
-	for (kw_start_default(&w); !kw_expired(&w); kp_sleep_ms(20)) {
-		struct kvc_conn *c;
-		kp_note_cpu(&w, pid, &ticks);
-		if (!kvc_connect(&c, d->sock)) {
-			kvc_close(c);
-			return 0;
-		}
-	}
-	kp_log_tail(d);
-	return -ETIMEDOUT;
+	return kp_wait_answer(d);
 }
 
 /* A streamed GENERATE of n tokens as user_data ud on slot 0, and its first CQE taken: it runs. */

@@ -288,6 +288,17 @@ static void one_session(const char *sock, struct kvc_conn **c, uint64_t token[2]
 	assert_int_equal(kvc_session_token(*c, sid, token), 0);
 }
 
+/* A kept daemon with one session of an n-token prefill, killed (-9): its token in token. */
+static void crashed_with_session(struct kr_daemon *d, uint64_t token[2], uint32_t n)
+{
+	struct kvc_conn *c;
+	assert_int_equal(kr_open(d, 1), 0);
+	assert_true(kr_start(d, POOL) > 0);
+	one_session(d->sock, &c, token, n);
+	assert_int_equal(kr_kill(d, SIGKILL) & 0x7f, SIGKILL);
+	kvc_close(c);
+}
+
 static void test_sigterm_resubmits(void **state)
 {
 	(void)state;
@@ -330,14 +341,10 @@ static void test_sigterm_resubmits(void **state)
 static int restarts_with(const char *model, const char *const *extra, const char *log_says)
 {
 	struct kr_daemon d;
-	struct kvc_conn *c, *c2;
+	struct kvc_conn *c2;
 	uint64_t token[2];
 	uint32_t sid, restored = 0;
-	assert_int_equal(kr_open(&d, 1), 0);
-	assert_true(kr_start(&d, POOL) > 0);
-	one_session(d.sock, &c, token, 64);
-	assert_int_equal(kr_kill(&d, SIGKILL) & 0x7f, SIGKILL);
-	kvc_close(c);
+	crashed_with_session(&d, token, 64);
 	char *old = getenv("KVD_MODEL") ? strdup(getenv("KVD_MODEL")) : NULL;
 	if (model)
 		setenv("KVD_MODEL", model, 1);
@@ -403,11 +410,7 @@ static void test_other_uid_cannot_resume(void **state)
 	struct kr_daemon d;
 	struct kvc_conn *c;
 	uint64_t token[2];
-	assert_int_equal(kr_open(&d, 1), 0);
-	assert_true(kr_start(&d, POOL) > 0);
-	one_session(d.sock, &c, token, 40);
-	assert_int_equal(kr_kill(&d, SIGKILL) & 0x7f, SIGKILL);
-	kvc_close(c);
+	crashed_with_session(&d, token, 40);
 	assert_true(kr_start(&d, POOL) > 0);
 	assert_int_equal(chmod(d.sock, 0666), 0);
 	pid_t pid = kp_fork();

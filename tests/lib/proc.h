@@ -233,6 +233,41 @@ static inline pid_t kp_spawn(const char *const *argv, const char *log, int path,
 }
 
 /*
+ * Wait for d's daemon (d->pid, just started) to accept connections on
+ * d->sock: 0. Loading the model takes the time it takes: only a daemon that
+ * stopped computing is late (-ETIMEDOUT, killed), or one that exited
+ * (-ECHILD); its log's tail is printed then.
+ */
+static inline int kp_wait_answer(struct kvd_proc *d)
+{
+	pid_t pid = d->pid;
+	struct kw_deadline w;
+	long long ticks = -1;
+	for (kw_start_default(&w); !kw_expired(&w); kp_sleep_ms(20)) {
+		struct kvc_conn *c;
+		kp_note_cpu(&w, pid, &ticks);
+		int st;
+		if (!kvc_connect(&c, d->sock)) {
+			kvc_close(c);
+			return 0;
+		}
+		if (waitpid(pid, &st, WNOHANG) == pid) {
+			d->pid = 0;
+			print_message("kvd exited while starting (wait status %#x)\n", st);
+			kp_log_tail(d);
+			return -ECHILD;
+		}
+	}
+	print_message("kvd did not answer: %d s without using CPU, or %d s in all\n",
+		      kw_ms(KW_QUIET_MS) / 1000, kw_ms(KW_HANG_MS) / 1000);
+	kp_log_tail(d);
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+	d->pid = 0;
+	return -ETIMEDOUT;
+}
+
+/*
  * fork+exec the daemon with the model, a private socket and extra (a
  * NULL-terminated list of at most 38, may be NULL); --bpf off unless extra
  * has a --bpf. Before exec, pre_exec(arg) runs in the child when given.
@@ -274,31 +309,7 @@ static inline int kp_start_ex(struct kvd_proc *d, const char *const *extra,
 	if (pid < 0)
 		return pid;
 	d->pid = pid;
-	/* Loading the model takes the time it takes: only a daemon that stopped computing is late. */
-	struct kw_deadline w;
-	long long ticks = -1;
-	for (kw_start_default(&w); !kw_expired(&w); kp_sleep_ms(20)) {
-		struct kvc_conn *c;
-		kp_note_cpu(&w, pid, &ticks);
-		int st;
-		if (!kvc_connect(&c, d->sock)) {
-			kvc_close(c);
-			return 0;
-		}
-		if (waitpid(pid, &st, WNOHANG) == pid) {
-			d->pid = 0;
-			print_message("kvd exited while starting (wait status %#x)\n", st);
-			kp_log_tail(d);
-			return -ECHILD;
-		}
-	}
-	print_message("kvd did not answer: %d s without using CPU, or %d s in all\n",
-		      kw_ms(KW_QUIET_MS) / 1000, kw_ms(KW_HANG_MS) / 1000);
-	kp_log_tail(d);
-	kill(pid, SIGKILL);
-	waitpid(pid, NULL, 0);
-	d->pid = 0;
-	return -ETIMEDOUT;
+	return kp_wait_answer(d);
 }
 
 static inline int kp_start(struct kvd_proc *d, const char *const *extra)
