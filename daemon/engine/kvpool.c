@@ -528,32 +528,44 @@ void kvpool_restore(struct kvpool *p, uint32_t vocab, struct kvpool_restored *ou
 {
 	const uint32_t bt = p->cfg.block_tokens;
 	struct kvpool_restored st = { 0, 0, 0 };
+	uint32_t tokens[MAX_BLOCK_TOKENS];
 
-	for (uint32_t id = 0; p->recs && id < p->cfg.n_blocks; id++) {
+	if (out)
+		*out = st;
+	if (!p->recs)
+		return;	/* no records: nothing to trust */
+	for (uint32_t id = 0; id < p->cfg.n_blocks; id++) {
+		/*
+		 * Each field read once, into private memory: the records are as
+		 * untrusted as a client's region, and could change under us.
+		 */
 		struct kvblock_rec *r = pool_rec(p, id);
-		uint32_t state = r->state, ok = state == KVB_SEALED || state == (KVB_SEALED | KVB_REGISTERED);
+		uint32_t state = __atomic_load_n(&r->state, __ATOMIC_ACQUIRE);
+		uint64_t key = r->key, parent = r->parent, stamp = r->stamp;
+		uint32_t ns = r->ns, ok = state == KVB_SEALED || state == (KVB_SEALED | KVB_REGISTERED);
 
 		if (!state)
 			continue;
+		memcpy(tokens, r->tokens, (size_t)bt * sizeof(uint32_t));
 		for (uint32_t t = 0; ok && t < bt; t++)
-			ok = r->tokens[t] < vocab;
-		if (!ok || kvpool_key(r->parent, r->ns, r->tokens, bt) != r->key) {
+			ok = tokens[t] < vocab;
+		if (!ok || kvpool_key(parent, ns, tokens, bt) != key) {
 			r->state = 0;
 			st.dropped++;
 			continue;
 		}
 		st.sealed++;
-		if (r->stamp > p->stamp)
-			p->stamp = r->stamp;	/* new releases sort after every old one */
+		if (stamp > p->stamp)
+			p->stamp = stamp;	/* new releases sort after every old one */
 		if (!(state & KVB_REGISTERED))
 			continue;
-		if (ht_find(p, r->key) != SIZE_MAX) {
+		if (ht_find(p, key) != SIZE_MAX) {
 			r->state = KVB_SEALED;	/* a second block of that prefix: private, like at run time */
 			continue;
 		}
-		ht_insert(p, r->key, id);
+		ht_insert(p, key, id);
 		p->registered[id] = 1;
-		p->key[id] = r->key;
+		p->key[id] = key;
 		st.registered++;
 	}
 	restore_lists(p);
@@ -561,17 +573,25 @@ void kvpool_restore(struct kvpool *p, uint32_t vocab, struct kvpool_restored *ou
 		*out = st;
 }
 
-static int stamp_cmp(const void *a, const void *b, void *arg)
+/* A cached block and its stamp, read once, for sorting. */
+struct stamped {
+	uint64_t stamp;
+	uint32_t id;
+};
+
+static int stamp_cmp(const void *a, const void *b)
 {
-	uint64_t x = pool_rec(arg, *(const uint32_t *)a)->stamp;
-	uint64_t y = pool_rec(arg, *(const uint32_t *)b)->stamp;
-	return x < y ? -1 : x > y;
+	const struct stamped *x = a, *y = b;
+	if (x->stamp != y->stamp)
+		return x->stamp < y->stamp ? -1 : 1;
+	return x->id < y->id ? -1 : x->id > y->id;
 }
 
 /* Unheld registered blocks cached in their old LRU order, every other block free. */
 static void restore_lists(struct kvpool *p)
 {
-	uint32_t n = p->cfg.n_blocks, n_lru = 0, *lru = malloc((size_t)n * sizeof(*lru));
+	uint32_t n = p->cfg.n_blocks, n_lru = 0;
+	struct stamped *lru = malloc((size_t)n * sizeof(*lru));
 
 	list_init(&p->free);
 	list_init(&p->lru);
@@ -579,21 +599,20 @@ static void restore_lists(struct kvpool *p)
 		if (p->refcount[id])
 			continue;
 		if (p->registered[id] && lru) {
-			lru[n_lru++] = id;
+			lru[n_lru++] = (struct stamped){ pool_rec(p, id)->stamp, id };
 			continue;
 		}
 		if (p->registered[id])
 			unregister_block(p, id);	/* no memory to order them: drop, never corrupt */
 		/* Unheld and private: its K/V are free to be overwritten. */
-		if (p->recs)
-			pool_rec(p, id)->state = 0;
+		pool_rec(p, id)->state = 0;
 		list_push_head(p, &p->free, id);
 	}
 	if (lru) {
-		/* Least recently released first, as they were. */
-		qsort_r(lru, n_lru, sizeof(*lru), stamp_cmp, p);
+		/* Least recently released first, as they were (stamps copied: the order cannot shift). */
+		qsort(lru, n_lru, sizeof(*lru), stamp_cmp);
 		for (uint32_t i = 0; i < n_lru; i++)
-			list_push_tail(p, &p->lru, lru[i]);
+			list_push_tail(p, &p->lru, lru[i].id);
 	}
 	free(lru);
 }

@@ -10,6 +10,7 @@
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#define XXH_STATIC_LINKING_ONLY	/* XXH3_state_t on the stack */
 #include <xxhash.h>
 #include "daemon/log.h"
 #include "daemon/serve/persist.h"
@@ -335,7 +336,7 @@ void persist_close(struct persist *ps)
 
 /* ---- slot records ---- */
 
-static uint64_t slot_sum(const struct pst_slot *c, uint32_t n_tokens);
+static uint64_t slot_sum(const struct pst_slot *c, const uint32_t *tokens, uint32_t n_tokens);
 
 void persist_image_reseal(uint8_t *image, size_t len)
 {
@@ -355,7 +356,7 @@ void persist_image_reseal(uint8_t *image, size_t len)
 		struct pst_slot *c = (struct pst_slot *)(image + off);
 		uint64_t room = (h.copy_bytes - sizeof(*c)) / 4;
 		if (c->gen && c->n_tokens <= room)
-			c->sum = slot_sum(c, c->n_tokens);
+			c->sum = slot_sum(c, c->tokens, c->n_tokens);
 	}
 }
 
@@ -365,37 +366,70 @@ static struct pst_slot *copy_at(const struct persist *ps, uint32_t rec, int k)
 				   ps->want.copy_bytes);
 }
 
-static uint64_t slot_sum(const struct pst_slot *c, uint32_t n_tokens)
+/* The checksum of a copy: its fields from token on, then n_tokens of tokens (which may lie elsewhere). */
+static uint64_t slot_sum(const struct pst_slot *c, const uint32_t *tokens, uint32_t n_tokens)
 {
 	size_t from = offsetof(struct pst_slot, token);
-	return XXH3_64bits((const uint8_t *)c + from,
-			   offsetof(struct pst_slot, tokens) - from + (size_t)n_tokens * 4);
+	XXH3_state_t st;
+	XXH3_64bits_reset(&st);
+	XXH3_64bits_update(&st, (const uint8_t *)c + from, offsetof(struct pst_slot, tokens) - from);
+	XXH3_64bits_update(&st, tokens, (size_t)n_tokens * 4);
+	return XXH3_64bits_digest(&st);
 }
 
-/* A copy that checks out in itself, or NULL. */
-static const struct pst_slot *copy_valid(const struct persist *ps, const struct pst_slot *c)
+/*
+ * A copy as it stood when read, in private memory: the memfd is as
+ * untrusted as a client's region, and another writer could change it
+ * between a check and a use, so everything is checked and used from here.
+ */
+struct snap {
+	struct pst_slot hdr;
+	uint32_t *tokens;	/* (hdr.n_tokens,) malloc'd; NULL when n_tokens is 0 */
+};
+
+/* Copy k of record rec, copied out and checked: 0, or -1 (nothing held). */
+static int copy_load(const struct persist *ps, uint32_t rec, int k, struct snap *out)
 {
-	uint32_t n = c->n_tokens;
-	if (!c->gen || n > ps->want.ctx_len || c->slot >= c->n_slots || c->n_slots > SRV_MAX_SLOTS ||
-	    (c->session_id & 0xff) >= SRV_MAX_SESSIONS || (c->flags & ~PST_FLAGS) ||
-	    (!c->token[0] && !c->token[1]) || c->sum != slot_sum(c, n))
-		return NULL;
-	if ((c->flags & PST_PENDING) && c->pending >= ps->want.vocab)
-		return NULL;
-	for (uint32_t i = 0; i < n; i++)
-		if (c->tokens[i] >= ps->want.vocab)
-			return NULL;
-	return c;
+	const struct pst_slot *c = copy_at(ps, rec, k);
+	struct pst_slot *h = &out->hdr;
+	memcpy(h, c, sizeof(*h));
+	out->tokens = NULL;
+	uint32_t n = h->n_tokens;
+	if (!h->gen || n > ps->want.ctx_len || h->slot >= h->n_slots || h->n_slots > SRV_MAX_SLOTS ||
+	    (h->session_id & 0xff) >= SRV_MAX_SESSIONS || (h->flags & ~PST_FLAGS) ||
+	    (!h->token[0] && !h->token[1]) || ((h->flags & PST_PENDING) && h->pending >= ps->want.vocab))
+		return -1;
+	if (n && !(out->tokens = malloc((size_t)n * 4)))
+		return -1;
+	if (n)
+		memcpy(out->tokens, c->tokens, (size_t)n * 4);
+	int ok = h->sum == slot_sum(h, out->tokens, n);
+	for (uint32_t i = 0; ok && i < n; i++)
+		ok = out->tokens[i] < ps->want.vocab;
+	if (!ok) {
+		free(out->tokens);
+		out->tokens = NULL;
+		return -1;
+	}
+	return 0;
 }
 
-/* Record rec's current copy, or NULL when neither checks out. */
-static const struct pst_slot *rec_current(const struct persist *ps, uint32_t rec)
+/* Record rec's current copy into *out: the valid one of the higher generation. 0, or -1: neither. */
+static int rec_current(const struct persist *ps, uint32_t rec, struct snap *out)
 {
-	const struct pst_slot *a = copy_valid(ps, copy_at(ps, rec, 0));
-	const struct pst_slot *b = copy_valid(ps, copy_at(ps, rec, 1));
-	if (a && b)
-		return a->gen >= b->gen ? a : b;
-	return a ? a : b;
+	struct snap a, b;
+	int ha = !copy_load(ps, rec, 0, &a), hb = !copy_load(ps, rec, 1, &b);
+	if (ha && hb) {
+		int pick_a = a.hdr.gen >= b.hdr.gen;
+		free(pick_a ? b.tokens : a.tokens);
+		*out = pick_a ? a : b;
+		return 0;
+	}
+	if (ha || hb) {
+		*out = ha ? a : b;
+		return 0;
+	}
+	return -1;
 }
 
 static void rec_clear(struct persist *ps, uint32_t rec)
@@ -447,7 +481,7 @@ static void rec_write(struct persist *ps, uint32_t rec, const struct session *s,
 		w->last = sl->last;
 		w->flags |= PST_LAST;
 	}
-	w->sum = slot_sum(w, w->n_tokens);
+	w->sum = slot_sum(w, w->tokens, w->n_tokens);
 	__atomic_store_n(&w->gen, gen, __ATOMIC_RELEASE);
 }
 
@@ -523,12 +557,12 @@ void persist_session_drop(struct persist *ps, struct session *s)
 
 struct found {
 	uint32_t rec;
-	const struct pst_slot *c;
+	struct snap c;
 };
 
 static int found_cmp(const void *a, const void *b)
 {
-	const struct pst_slot *x = ((const struct found *)a)->c, *y = ((const struct found *)b)->c;
+	const struct pst_slot *x = &((const struct found *)a)->c.hdr, *y = &((const struct found *)b)->c.hdr;
 	if (x->token[0] != y->token[0])
 		return x->token[0] < y->token[0] ? -1 : 1;
 	if (x->token[1] != y->token[1])
@@ -537,9 +571,11 @@ static int found_cmp(const void *a, const void *b)
 }
 
 /* Slot sl from its record: the prefix index's blocks, the rest to recompute. 0, or -ENOMEM. */
-static int restore_slot(struct server *srv, struct slot *sl, const struct pst_slot *c, uint32_t rec,
+static int restore_slot(struct server *srv, struct slot *sl, const struct snap *sn, uint32_t rec,
 			uint32_t *blocks, uint32_t *recompute)
 {
+	const struct pst_slot *c = &sn->hdr;
+	const uint32_t *tokens = sn->tokens;
 	sl->rec1 = rec + 1;
 	if (c->flags & PST_LAST) {
 		sl->last = c->last;
@@ -554,14 +590,14 @@ static int restore_slot(struct server *srv, struct slot *sl, const struct pst_sl
 		return 0;
 	engine_seq_init(srv->eng, &sl->seq, c->ns);
 	sl->live = 1;
-	int hit = engine_seq_attach_prefix(srv->eng, &sl->seq, c->tokens, c->n_tokens);
+	int hit = engine_seq_attach_prefix(srv->eng, &sl->seq, tokens, c->n_tokens);
 	uint32_t h = hit > 0 ? (uint32_t)hit : 0, rest = c->n_tokens - h;
 	*blocks += engine_seq_blocks(&sl->seq);
 	*recompute += rest;
 	if (rest) {
 		if (!(sl->resume = malloc((size_t)rest * 4)))
 			return -ENOMEM;
-		memcpy(sl->resume, c->tokens + h, (size_t)rest * 4);
+		memcpy(sl->resume, tokens + h, (size_t)rest * 4);
 		sl->n_resume = rest;
 	}
 	sl->resume_logits = !!(c->flags & PST_LOGITS);
@@ -572,12 +608,12 @@ static int restore_slot(struct server *srv, struct slot *sl, const struct pst_sl
 static struct session *restore_session(struct server *srv, const struct found *f, uint32_t n,
 				       uint32_t *blocks, uint32_t *recompute)
 {
-	const struct pst_slot *head = f[0].c;
+	const struct pst_slot *head = &f[0].c.hdr;
 	if (head->slot != 0)
 		return NULL;	/* its slot 0's record is gone: the session cannot be trusted whole */
 	for (uint32_t i = 1; i < n; i++)
-		if (f[i].c->slot == f[i - 1].c->slot || f[i].c->uid != head->uid ||
-		    f[i].c->session_id != head->session_id || f[i].c->n_slots != head->n_slots)
+		if (f[i].c.hdr.slot == f[i - 1].c.hdr.slot || f[i].c.hdr.uid != head->uid ||
+		    f[i].c.hdr.session_id != head->session_id || f[i].c.hdr.n_slots != head->n_slots)
 			return NULL;
 	struct session *s = session_new(head->n_slots);
 	if (!s)
@@ -591,8 +627,8 @@ static struct session *restore_session(struct server *srv, const struct found *f
 		if (s->lost_mask & (1ull << k))
 			s->slots[k].lost = 1;
 	for (uint32_t i = 0; i < n; i++)
-		if (restore_slot(srv, &s->slots[f[i].c->slot], f[i].c, f[i].rec, blocks, recompute))
-			s->slots[f[i].c->slot].lost = 1;
+		if (restore_slot(srv, &s->slots[f[i].c.hdr.slot], &f[i].c, f[i].rec, blocks, recompute))
+			s->slots[f[i].c.hdr.slot].lost = 1;
 	return s;
 }
 
@@ -616,15 +652,15 @@ void persist_restore_sessions(struct persist *ps, struct server *srv)
 		return;
 	}
 	for (uint32_t i = 0; i < n_recs; i++) {
-		const struct pst_slot *c = rec_current(ps, i);
-		if (c)
-			f[n++] = (struct found){ i, c };
+		f[n].rec = i;
+		if (!rec_current(ps, i, &f[n].c))
+			n++;
 		else if (copy_at(ps, i, 0)->gen || copy_at(ps, i, 1)->gen)
 			dropped++;
 	}
 	qsort(f, n, sizeof(*f), found_cmp);
 	for (uint32_t i = 0, j; i < n; i = j) {
-		for (j = i + 1; j < n && !memcmp(f[j].c->token, f[i].c->token, sizeof(f[i].c->token)); j++)
+		for (j = i + 1; j < n && !memcmp(f[j].c.hdr.token, f[i].c.hdr.token, sizeof(f[i].c.hdr.token)); j++)
 			;
 		struct session *s = restore_session(srv, f + i, j - i, &blocks, &recompute);
 		if (!s) {
@@ -633,7 +669,7 @@ void persist_restore_sessions(struct persist *ps, struct server *srv)
 		}
 		for (uint32_t k = i; k < j; k++) {
 			used[f[k].rec] = 1;
-			positions += f[k].c->n_tokens;
+			positions += f[k].c.hdr.n_tokens;
 		}
 		slots += j - i;
 		s->orphan_deadline_ns = log_now_ns() + (uint64_t)srv->cfg.resume_timeout_s * 1000000000ull;
@@ -648,6 +684,8 @@ void persist_restore_sessions(struct persist *ps, struct server *srv)
 			rec_clear(ps, i);
 			ps->free[ps->n_free++] = i;
 		}
+	for (uint32_t i = 0; i < n; i++)
+		free(f[i].c.tokens);
 	free(f);
 	free(used);
 	srv->restored_sessions = n_sessions;
