@@ -238,8 +238,9 @@ int main(int argc, char **argv)
 	}
 	service_notify("STATUS=reserving the KV pool");
 	struct persist *ps;
-	if (make_daemon_pool(&o, m, be, &pool, &ps)) {
-		status = 2;
+	if ((rc = make_daemon_pool(&o, m, be, &pool, &ps))) {
+		/* A size that cannot be, a state directory another kvd holds: configuration. */
+		status = rc == -EINVAL || rc == -EBUSY ? 2 : 1;
 		goto out_backend;
 	}
 	status = serve(&o, m, be, pool, ps) ? 1 : 0;

@@ -192,30 +192,44 @@ static int make_region(struct server *srv, struct conn *c, const struct kvd_sess
 	return rc;
 }
 
-/* A session of that token open on some live connection? */
-static int token_open(struct server *srv, const void *token)
+/* Two resume tokens equal? In constant time: how far a guess matched must not show. */
+static int token_eq(const void *a, const void *b)
+{
+	const uint8_t *x = a, *y = b;
+	uint8_t d = 0;
+	for (int i = 0; i < 16; i++)
+		d |= x[i] ^ y[i];
+	return !d;
+}
+
+/* A session of uid's with that token open on some live connection? */
+static int token_open(struct server *srv, uid_t uid, const void *token)
 {
 	for (struct conn *c = srv->conns; c; c = c->next)
-		for (uint32_t i = 0; !c->dead && i < SRV_MAX_SESSIONS; i++)
-			if (c->sessions[i] && !memcmp(c->sessions[i]->token, token, 16))
+		for (uint32_t i = 0; c->uid == uid && !c->dead && i < SRV_MAX_SESSIONS; i++)
+			if (c->sessions[i] && token_eq(c->sessions[i]->token, token))
 				return 1;
 	return 0;
 }
 
 /*
  * KVD_OPEN_RESUME: the orphan of that token, taken off the list for c.
- * *idx is the table index its id names. -ESTALE: none (or another uid's);
- * -EBUSY: open on a connection, or its index is taken on this one.
+ * *idx is the table index its id names. -ESTALE: none, or another uid's
+ * (the same answer, so a token's existence never shows to another uid);
+ * -EBUSY: open on a connection of the uid, or its index is taken on this one.
  */
 static int take_orphan(struct server *srv, struct conn *c, const void *token,
 		       struct session **out, uint32_t *idx)
 {
+	static const uint8_t none[16];
+	if (token_eq(token, none))
+		return -ESTALE;	/* sessions that are not kept have no token */
 	for (struct session **pp = &srv->orphans; *pp; pp = &(*pp)->next_orphan) {
 		struct session *o = *pp;
-		if (memcmp(o->token, token, 16))
+		if (!token_eq(o->token, token))
 			continue;
 		if (o->uid != c->uid)
-			return -ESTALE;	/* one session, one uid: the same answer as no session */
+			return -ESTALE;
 		*idx = o->id & 0xff;
 		if (*idx >= srv->cfg.max_sessions || c->sessions[*idx])
 			return -EBUSY;
@@ -224,7 +238,7 @@ static int take_orphan(struct server *srv, struct conn *c, const void *token,
 		*out = o;
 		return 0;
 	}
-	return token_open(srv, token) ? -EBUSY : -ESTALE;
+	return token_open(srv, c->uid, token) ? -EBUSY : -ESTALE;
 }
 
 /* A resumed session's slots: how many came back, how many were lost; replays posted to c. */
