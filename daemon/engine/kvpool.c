@@ -319,7 +319,6 @@ int kvpool_create_fd(struct kvpool **out, const struct kvpool_config *cfg, int f
 		return rc;
 	}
 	p->base = m;
-	p->fd_backed = 1;
 	if (p->pool_bytes >= (2u << 20))
 		madvise(m, p->pool_bytes, MADV_HUGEPAGE);	/* best effort (shmem_enabled=advise) */
 	if ((rc = tables_create(p))) {

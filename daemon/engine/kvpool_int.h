@@ -51,7 +51,6 @@ struct kvpool {
 	uint8_t *recs;		/* (n_blocks, rec_bytes) in the state memfd, or NULL */
 	size_t rec_bytes;
 	uint64_t stamp;		/* the last LRU stamp given */
-	int fd_backed;		/* base maps a caller's fd (MAP_SHARED) */
 };
 
 static inline struct kvblock_rec *pool_rec(const struct kvpool *p, uint32_t id)
