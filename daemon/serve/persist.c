@@ -239,16 +239,16 @@ static int start_fresh(struct persist *ps)
 	       (ssize_t)sizeof(ps->want.magic) ? 0 : -EIO;
 }
 
+int persist_wanted(const struct server_config *cfg)
+{
+	return !cfg->no_persist && (cfg->state_dir || getenv("NOTIFY_SOCKET"));
+}
+
 int persist_open(struct persist **out, const struct server_config *cfg, const struct persist_geom *g)
 {
 	*out = NULL;
-	if (cfg->no_persist)
+	if (!persist_wanted(cfg))
 		return 0;
-	if (!cfg->state_dir && !getenv("NOTIFY_SOCKET")) {
-		log_msg(LOG_INFO, "KV is not kept across restarts: no file-descriptor store (systemd) "
-			"and no --state-dir");
-		return 0;
-	}
 	struct persist *ps = calloc(1, sizeof(*ps));
 	if (!ps)
 		return -ENOMEM;

@@ -41,11 +41,12 @@ struct persist_geom {
  * Find the two memfds systemd kept (or the files in cfg->state_dir) and
  * check the state's header against g; make them afresh when there are none
  * or they do not match (one log line says why). *out is NULL, with 0, when
- * nothing is to be kept: cfg->no_persist, or neither systemd nor a state
- * directory to keep it in. -errno when the state directory cannot be used
+ * nothing is to be kept (!persist_wanted(cfg)). -errno when the state directory cannot be used
  * (another kvd holds it).
  */
 int persist_open(struct persist **out, const struct server_config *cfg, const struct persist_geom *g);
+/* Whether cfg asks for the KV to be kept and there is somewhere to keep it. */
+int persist_wanted(const struct server_config *cfg);
 /* The fd the pool's blocks are to be mapped from (kvpool_create_fd). */
 int persist_pool_fd(const struct persist *ps);
 /*
