@@ -113,18 +113,17 @@ out:
 }
 
 /* Fill the pool with cached prefixes: conversations prefilled and let go. */
-static int fill_pool(const char *sock, uint32_t blocks, uint32_t bt)
+static int fill_pool(const struct kr_daemon *d, uint32_t blocks, uint32_t bt)
 {
 	struct kvd_stats_rep st;
+	struct kvd_proc p = kr_proc(d);
 	for (uint32_t r = 1000;; r++) {
-		struct kvd_proc p = { 0 };
-		snprintf(p.sock, sizeof(p.sock), "%s", sock);
 		if (kp_stats(&p, &st))
 			return -1;
 		if (st.kv_blocks_cached + st.kv_blocks_used >= blocks - CONV / bt)
 			return 0;
 		struct client cl = { 0 };
-		int rc = converse(sock, r, &cl);
+		int rc = converse(d->sock, r, &cl);
 		kvc_close(cl.c);
 		if (rc)
 			return -1;
@@ -194,7 +193,7 @@ int main(void)
 	       "its first token; pool %u blocks of %u tokens, filled; state in %s\n", bench_mark(),
 	       CONV, TURN, n_blocks, bt, dir);
 	double t_fill = now_s();
-	if (fill_pool(d.sock, n_blocks, bt)) {
+	if (fill_pool(&d, n_blocks, bt)) {
 		fprintf(stderr, "bench_restart: filling the pool failed\n");
 		kr_close(&d);
 		return 1;
@@ -206,9 +205,8 @@ int main(void)
 		return 1;
 	}
 	double res[8], lost[8], rs_keep[8], rs_none[8], rows_res[8], rows_lost[8];
-	struct kvd_proc p = { 0 };
+	struct kvd_proc p = kr_proc(&d);	/* only its socket is used: it stays across restarts */
 	struct kvd_stats_rep st;
-	snprintf(p.sock, sizeof(p.sock), "%s", d.sock);
 	int ok = 1;
 	for (int r = 0; r < rounds && ok; r++) {
 		struct client cl = { 0 };

@@ -135,18 +135,22 @@ out:
 	return NULL;
 }
 
-/* n clients' conversations at once; 0, or the first failure (message printed). */
-static int run_clients(struct client *cl, int n, const char *sock, int pause_after)
+/* n clients' conversations started, each pausing before turn pause_after (TURNS: never); 0 or -EAGAIN. */
+static int clients_start(struct client *cl, int n, const char *sock, int pause_after, pthread_t *th)
 {
-	pthread_t th[CLIENTS];
+	G.paused = G.go = 0;
+	atomic_store(&G.streamed, 0);
 	for (int k = 0; k < n; k++) {
-		memset(&cl[k], 0, sizeof(cl[k]));
-		cl[k].sock = sock;
-		cl[k].k = k;
-		cl[k].pause_after = pause_after;
+		cl[k] = (struct client){ .sock = sock, .k = k, .pause_after = pause_after };
 		if (pthread_create(&th[k], NULL, client_main, &cl[k]))
 			return -EAGAIN;
 	}
+	return 0;
+}
+
+/* They are over: 0, or the first failure (its message printed). */
+static int clients_join(struct client *cl, int n, pthread_t *th)
+{
 	for (int k = 0; k < n; k++)
 		pthread_join(th[k], NULL);
 	for (int k = 0; k < n; k++)
@@ -155,6 +159,34 @@ static int run_clients(struct client *cl, int n, const char *sock, int pause_aft
 			return cl[k].err;
 		}
 	return 0;
+}
+
+/* n clients' conversations at once; 0, or the first failure (message printed). */
+static int run_clients(struct client *cl, int n, const char *sock, int pause_after)
+{
+	pthread_t th[CLIENTS];
+	int rc = clients_start(cl, n, sock, pause_after, th);
+	return rc ? rc : clients_join(cl, n, th);
+}
+
+/*
+ * Once all n paused clients wait, let them send KILL_TURN together, and
+ * return when they have streamed at least `streamed` tokens of it: the
+ * turn is in flight.
+ */
+static void go_until_streaming(int n, int streamed)
+{
+	pthread_mutex_lock(&G.mu);
+	while (G.paused < n)
+		pthread_cond_wait(&G.cv, &G.mu);
+	G.go = 1;
+	pthread_cond_broadcast(&G.cv);
+	pthread_mutex_unlock(&G.mu);
+	struct kw_deadline w;
+	kw_start_default(&w);
+	while (atomic_load(&G.streamed) < streamed && !kw_expired(&w))
+		kp_sleep_ms(1);
+	assert_true(atomic_load(&G.streamed) >= streamed);
 }
 
 static struct client ref[CLIENTS];	/* an uninterrupted daemon's conversations */
@@ -176,17 +208,15 @@ static void need_ref(void)
 
 static void stats_of(const struct kr_daemon *d, struct kvd_stats_rep *st)
 {
-	struct kvd_proc p = { 0 };
-	snprintf(p.sock, sizeof(p.sock), "%s", d->sock);
+	struct kvd_proc p = kr_proc(d);
 	assert_int_equal(kp_stats(&p, st), 0);
 }
 
 /* Everything given back once the clients are gone: no session, no block in use. */
 static void assert_idle(const struct kr_daemon *d)
 {
-	struct kvd_proc p = { 0 };
+	struct kvd_proc p = kr_proc(d);
 	struct kvd_stats_rep st;
-	snprintf(p.sock, sizeof(p.sock), "%s", d->sock);
 	int rc = kp_wait_idle(&p, &st, 30000);
 	if (rc)
 		print_message("not idle: %u sessions, %llu blocks in use\n", st.sessions,
@@ -207,34 +237,15 @@ static void test_kill9_under_load(void **state)
 	assert_int_equal(d.n_stored, 2);	/* kvpool and kvstate, handed over before READY */
 
 	static struct client cl[CLIENTS];
-	G.paused = G.go = 0;
-	atomic_store(&G.streamed, 0);
 	pthread_t th[CLIENTS];
-	for (int k = 0; k < CLIENTS; k++) {
-		memset(&cl[k], 0, sizeof(cl[k]));
-		cl[k] = (struct client){ .sock = d.sock, .k = k, .pause_after = KILL_TURN };
-		assert_int_equal(pthread_create(&th[k], NULL, client_main, &cl[k]), 0);
-	}
+	assert_int_equal(clients_start(cl, CLIENTS, d.sock, KILL_TURN, th), 0);
 	/* Two turns each, then all sixteen send the third together; the daemon dies in it. */
-	pthread_mutex_lock(&G.mu);
-	while (G.paused < CLIENTS)
-		pthread_cond_wait(&G.cv, &G.mu);
-	G.go = 1;
-	pthread_cond_broadcast(&G.cv);
-	pthread_mutex_unlock(&G.mu);
-	struct kw_deadline w;
-	kw_start_default(&w);
-	while (atomic_load(&G.streamed) < CLIENTS * 2 && !kw_expired(&w))
-		kp_sleep_ms(2);
-	assert_true(atomic_load(&G.streamed) >= CLIENTS * 2);
+	go_until_streaming(CLIENTS, CLIENTS * 2);
 	assert_int_equal(kr_kill(&d, SIGKILL) & 0x7f, SIGKILL);
 
 	assert_true(kr_start(&d, extra) > 0);
-	for (int k = 0; k < CLIENTS; k++)
-		pthread_join(th[k], NULL);
-	for (int k = 0; k < CLIENTS; k++)
-		if (cl[k].err)
-			fail_msg("%s", cl[k].why);
+	if (clients_join(cl, CLIENTS, th))
+		fail_msg("a client failed across the restart");
 
 	int restarted = 0, replayed = 0;
 	for (int k = 0; k < CLIENTS; k++) {
@@ -307,31 +318,19 @@ static void test_sigterm_resubmits(void **state)
 	struct kr_daemon d;
 	assert_int_equal(kr_open(&d, 1), 0);
 	assert_true(kr_start(&d, POOL) > 0);
-	struct client cl = { .sock = d.sock, .k = 3, .pause_after = KILL_TURN };
+	struct client cl;
 	pthread_t th;
-	G.paused = G.go = 0;
-	atomic_store(&G.streamed, 0);
-	assert_int_equal(pthread_create(&th, NULL, client_main, &cl), 0);
-	pthread_mutex_lock(&G.mu);
-	while (G.paused < 1)
-		pthread_cond_wait(&G.cv, &G.mu);
-	G.go = 1;
-	pthread_cond_broadcast(&G.cv);
-	pthread_mutex_unlock(&G.mu);
-	struct kw_deadline w;
-	kw_start_default(&w);
-	while (atomic_load(&G.streamed) < 3 && !kw_expired(&w))
-		kp_sleep_ms(1);
+	assert_int_equal(clients_start(&cl, 1, d.sock, KILL_TURN, &th), 0);
+	go_until_streaming(1, 3);
 	/* The step in flight, then out: nothing drained, everything kept. */
 	int st = kr_kill(&d, SIGTERM);
 	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 	assert_int_equal(kr_log_count(&d, "stopping: 1 sessions kept for the next start"), 1);
 	assert_true(kr_start(&d, POOL) > 0);
-	pthread_join(th, NULL);
-	if (cl.err)
-		fail_msg("%s", cl.why);
+	if (clients_join(&cl, 1, &th))
+		fail_msg("the client failed across the restart");
 	for (int t = 0; t < TURNS; t++)
-		assert_memory_equal(cl.out[t], ref[3].out[t], sizeof(cl.out[t]));
+		assert_memory_equal(cl.out[t], ref[0].out[t], sizeof(cl.out[t]));
 	assert_int_equal(cl.restarted, 1);
 	assert_idle(&d);
 	kr_close(&d);

@@ -233,6 +233,25 @@ static inline pid_t kp_spawn(const char *const *argv, const char *log, int path,
 }
 
 /*
+ * A daemon's private directory from template (mkdtemp's XXXXXX), mode 0755
+ * so other uids reach its socket, with the socket's and the log's paths in
+ * it. 0, or -errno with dir empty.
+ */
+static inline int kp_mkdir(char *dir, size_t dir_len, const char *template, char *sock,
+			   size_t sock_len, char *log, size_t log_len)
+{
+	snprintf(dir, dir_len, "%s", template);
+	if (!mkdtemp(dir)) {
+		dir[0] = 0;
+		return -errno;
+	}
+	chmod(dir, 0755);
+	snprintf(sock, sock_len, "%s/kvd.sock", dir);
+	snprintf(log, log_len, "%s/kvd.log", dir);
+	return 0;
+}
+
+/*
  * Wait for d's daemon (d->pid, just started) to accept connections on
  * d->sock: 0. Loading the model takes the time it takes: only a daemon that
  * stopped computing is late (-ETIMEDOUT, killed), or one that exited
@@ -282,14 +301,10 @@ static inline int kp_start_ex(struct kvd_proc *d, const char *const *extra,
 		print_message("%s is missing: run `make` first\n", kp_bin());
 		return -ENOENT;
 	}
-	snprintf(d->dir, sizeof(d->dir), "/tmp/kvd-proc.XXXXXX");
-	if (!mkdtemp(d->dir)) {
-		d->dir[0] = 0;
-		return -errno;
-	}
-	chmod(d->dir, 0755);
-	snprintf(d->sock, sizeof(d->sock), "%s/kvd.sock", d->dir);
-	snprintf(d->log, sizeof(d->log), "%s/kvd.log", d->dir);
+	int rc = kp_mkdir(d->dir, sizeof(d->dir), "/tmp/kvd-proc.XXXXXX", d->sock, sizeof(d->sock),
+			  d->log, sizeof(d->log));
+	if (rc)
+		return rc;
 	const char *argv[48] = { kp_bin(), "--model", kp_model(), "--socket", d->sock,
 				 "--drain-timeout", "2000" };
 	int n = 7;

@@ -47,15 +47,11 @@ static inline int kr_open(struct kr_daemon *d, int fdstore)
 	memset(d, 0, sizeof(*d));
 	d->nfd = -1;
 	d->fdstore = fdstore;
-	snprintf(d->dir, sizeof(d->dir), "/tmp/kvd-restart.XXXXXX");
-	if (!mkdtemp(d->dir)) {
-		d->dir[0] = 0;
-		return -errno;
-	}
-	chmod(d->dir, 0755);
-	snprintf(d->sock, sizeof(d->sock), "%s/kvd.sock", d->dir);
+	int rc = kp_mkdir(d->dir, sizeof(d->dir), "/tmp/kvd-restart.XXXXXX", d->sock, sizeof(d->sock),
+			  d->log, sizeof(d->log));
+	if (rc)
+		return rc;
 	snprintf(d->notify, sizeof(d->notify), "%s/notify", d->dir);
-	snprintf(d->log, sizeof(d->log), "%s/kvd.log", d->dir);
 	d->nfd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
 	struct sockaddr_un a = { .sun_family = AF_UNIX };
 	snprintf(a.sun_path, sizeof(a.sun_path), "%s", d->notify);
@@ -223,6 +219,14 @@ static inline int kr_kill(struct kr_daemon *d, int sig)
 	d->pid = 0;
 	kr_read_notes(d, 0);	/* what it stored on its way out */
 	return st;
+}
+
+/* The daemon as proc.h's helpers (kp_stats, kp_wait_idle) see it: its socket and pid. */
+static inline struct kvd_proc kr_proc(const struct kr_daemon *d)
+{
+	struct kvd_proc p = { .pid = d->pid };
+	snprintf(p.sock, sizeof(p.sock), "%s", d->sock);
+	return p;
 }
 
 /* How many lines of its log hold text. */
