@@ -1469,15 +1469,18 @@ static double at_check_head(const float *qh, const float *oh, const double *kd,
 
 /*
  * The SIMD attention kernel against the portable one, bit for bit: every
- * position count from 1 to 40 (whole and partial blocks of eight), an f16 and
- * an f32 cache, head groups of 1 and 3.
+ * position count from 1 to 100 (whole and partial blocks of eight and runs
+ * of 32), head sizes of 64 and 80 (whole and partial 64-element chunks), an
+ * f16 and an f32 cache in 16-token blocks in a scrambled order, head groups
+ * of 1 and 3, one kv head at a time and all at once (ops_attention_heads).
  */
 static void test_attention_paths(void **state)
 {
 	(void)state;
-	enum { HD = 64, KVH = 2, CTX = 48 };
-	static const uint32_t one_block = 0;
-	float k[CTX * KVH * HD], v[CTX * KVH * HD], q[3 * HD], a[3 * HD], b[3 * HD];
+	enum { MAXHD = 80, KVH = 2, CTX = 112, BT = 16, NB = CTX / BT };
+	static const uint32_t table[NB] = { 5, 2, 6, 0, 3, 1, 4 };
+	static float k[CTX * KVH * MAXHD], v[CTX * KVH * MAXHD];
+	float q[KVH * 3 * MAXHD], a[KVH * 3 * MAXHD], b[3 * MAXHD];
 	uint32_t pos[CTX];
 	struct backend *be;
 	int compared = 0;
@@ -1485,41 +1488,52 @@ static void test_attention_paths(void **state)
 	rng_seed(67);
 	for (uint32_t p = 0; p < CTX; p++)
 		pos[p] = p;
-	for (uint32_t i = 0; i < CTX * KVH * HD; i++) {
+	for (uint32_t i = 0; i < CTX * KVH * MAXHD; i++) {
 		k[i] = rng_f(-2.0f, 2.0f);
 		v[i] = rng_f(-1.0f, 1.0f);
 	}
-	for (int t = 0; t < 2; t++) {
-		uint32_t type = t ? KB_F32 : KB_F16;
-		size_t esz = t ? sizeof(float) : sizeof(uint16_t), half = esz * CTX * KVH * HD;
-		uint8_t *cache = malloc(2 * half);
-		struct kb_kv_view kv = { .base = cache, .blocks = &one_block, .n_blocks = 1,
-					 .block_tokens = 64, .block_bytes = 2 * half, .k_off = 0,
-					 .v_off = half, .row_bytes = esz * KVH * HD, .type = type };
+	for (int c = 0; c < 4; c++) {
+		const uint32_t hd = c & 1 ? 80 : 64, type = c & 2 ? KB_F32 : KB_F16;
+		size_t esz = c & 2 ? sizeof(float) : sizeof(uint16_t), row = esz * KVH * hd;
+		size_t block = 2 * BT * row;
+		uint8_t *cache = malloc(NB * block);
+		struct kb_kv_view kv = { .base = cache, .blocks = table, .n_blocks = NB,
+					 .block_tokens = BT, .block_bytes = block, .k_off = 0,
+					 .v_off = BT * row, .row_bytes = row, .type = type };
 		assert_non_null(cache);
-		assert_int_equal(backend_cpu_write_kv(be, &kv, pos, CTX, KVH * HD, k, v), 0);
+		assert_int_equal(backend_cpu_write_kv(be, &kv, pos, CTX, KVH * hd, k, v), 0);
 		for (uint32_t group = 1; group <= 3; group += 2) {
 			struct kb_attn_shape sh = { .n_heads = group * KVH, .n_kv_heads = KVH,
-						    .head_dim = HD, .scale = 0.125f };
-			for (uint32_t p = 0; p < 40; p++) {
-				for (uint32_t i = 0; i < group * HD; i++)
+						    .head_dim = hd, .scale = 0.125f };
+			const uint32_t per = group * hd;
+			for (uint32_t p = 0; p < 100; p++) {
+				for (uint32_t i = 0; i < KVH * per; i++)
 					q[i] = rng_f(-3.0f, 3.0f);
+				assert_int_equal(ops_attention_heads(a, q, &kv, p, 0, KVH, &sh), 0);
 				for (uint32_t h = 0; h < KVH; h++) {
-					assert_int_equal(ops_attention_group(a, q, &kv, p, h, &sh), 0);
-					assert_int_equal(ops_attention_group_c(b, q, &kv, p, h, &sh), 0);
-					for (uint32_t i = 0; i < group * HD; i++)
-						if (fbits(a[i]) != fbits(b[i]))
-							fail_msg("%s cache, group %u, pos %u, kv head %u, element %u: %a, portable %a",
-								 t ? "f32" : "f16", group, p, h, i,
-								 (double)a[i], (double)b[i]);
-					compared++;
+					assert_int_equal(ops_attention_group_c(b, q + h * per, &kv, p, h, &sh), 0);
+					for (int one = 0; one < 2; one++) {
+						float g[3 * MAXHD];
+						const float *x = a + h * per;
+						if (one) {
+							assert_int_equal(ops_attention_group(g, q + h * per, &kv, p, h, &sh), 0);
+							x = g;
+						}
+						for (uint32_t i = 0; i < per; i++)
+							if (fbits(x[i]) != fbits(b[i]))
+								fail_msg("%s cache, head size %u, group %u, pos %u, kv head %u%s, element %u: %a, portable %a",
+									 c & 2 ? "f32" : "f16", hd, group, p, h,
+									 one ? " alone" : "", i, (double)x[i],
+									 (double)b[i]);
+						compared++;
+					}
 				}
 			}
 		}
 		free(cache);
 	}
 	be->ops->destroy(be);
-	printf("attention: %d calls identical to the portable kernel\n", compared);
+	printf("attention: %d results identical to the portable kernel\n", compared);
 }
 
 static void test_attention(void **state)

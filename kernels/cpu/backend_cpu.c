@@ -304,6 +304,7 @@ struct row_job {
 	const struct kb_kv_rows *kvr;
 	const struct kb_attn_shape *shape;
 	uint32_t dim;
+	uint32_t kv_per_task;	/* attention: kv heads of a row per task */
 	uint32_t n_heads;
 	uint32_t head_dim;
 	uint32_t rot_dim;
@@ -577,17 +578,30 @@ static struct kb_kv_view row_view(const struct kb_kv_rows *kv, uint32_t r)
 	return v;
 }
 
-/* One (row, kv head) task of attention() (j->kv) or attention_rows() (j->kvr, a view per row). */
+/*
+ * One task of attention() (j->kv) or attention_rows() (j->kvr, a view per
+ * row): j->kv_per_task of a row's kv heads, from kv head
+ * (t % (n_kv_heads / kv_per_task)) * kv_per_task. Whole rows read each K
+ * and V row once; heads apart keep the threads busy when rows are few.
+ * Either way each head's result is the same.
+ */
 static void attention_task(void *ctx, uint32_t t)
 {
 	struct row_job *j = ctx;
 	const struct kb_attn_shape *sh = j->shape;
-	uint32_t r = t / sh->n_kv_heads, kvh = t % sh->n_kv_heads;
+	const uint32_t per = sh->n_kv_heads / j->kv_per_task;
+	uint32_t r = t / per, kvh = t % per * j->kv_per_task;
 	size_t qoff = (size_t)r * sh->n_heads * sh->head_dim +
 		      (size_t)kvh * (sh->n_heads / sh->n_kv_heads) * sh->head_dim;
 	struct kb_kv_view rv = j->kvr ? row_view(j->kvr, r) : *j->kv;
-	if (ops_attention_group(j->out + qoff, j->x + qoff, &rv, j->pos[r], kvh, sh))
+	if (ops_attention_heads(j->out + qoff, j->x + qoff, &rv, j->pos[r], kvh, j->kv_per_task, sh))
 		__atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
+}
+
+/* Kv heads per attention task: a row's all, unless the rows are too few to share among the threads. */
+static uint32_t attention_split(struct cpu_backend *cb, uint32_t n, const struct kb_attn_shape *sh)
+{
+	return n >= 2 * threadpool_size(cb->tp) ? sh->n_kv_heads : 1;
 }
 
 /* The shapes and caches the attention kernels take. */
@@ -616,8 +630,9 @@ int backend_cpu_attention(struct backend *b, float *out, const float *q,
 	for (uint32_t r = 0; r < n; r++)
 		if (pos[r] >= kv->n_blocks * kv->block_tokens)
 			return -ERANGE;
-	struct row_job j = { .out = out, .x = q, .kv = kv, .pos = pos, .shape = shape };
-	threadpool_run(CPU(b)->tp, attention_task, &j, n * shape->n_kv_heads);
+	struct row_job j = { .out = out, .x = q, .kv = kv, .pos = pos, .shape = shape,
+			     .kv_per_task = attention_split(CPU(b), n, shape) };
+	threadpool_run(CPU(b)->tp, attention_task, &j, n * (shape->n_kv_heads / j.kv_per_task));
 	return j.failed ? -ENOMEM : 0;
 }
 
@@ -645,8 +660,9 @@ static int cpu_attention_rows(struct backend *b, float *out, const float *q,
 	for (uint32_t r = 0; r < n; r++)
 		if (pos[r] >= kv->tab_len[r] * kv->geo.block_tokens)
 			return -ERANGE;
-	struct row_job j = { .out = out, .x = q, .kvr = kv, .pos = pos, .shape = shape };
-	threadpool_run(CPU(b)->tp, attention_task, &j, n * shape->n_kv_heads);
+	struct row_job j = { .out = out, .x = q, .kvr = kv, .pos = pos, .shape = shape,
+			     .kv_per_task = attention_split(CPU(b), n, shape) };
+	threadpool_run(CPU(b)->tp, attention_task, &j, n * (shape->n_kv_heads / j.kv_per_task));
 	return j.failed ? -ENOMEM : 0;
 }
 

@@ -310,17 +310,30 @@ int ops_attention_group_c(float *out, const float *q, const struct kb_kv_view *k
 }
 
 #if defined(__x86_64__)
-int ops_attention_group_avx2(float *out, const float *q, const struct kb_kv_view *kv,
-			     uint32_t pos, uint32_t kvh, const struct kb_attn_shape *sh);
+int ops_attention_heads_avx2(float *out, const float *q, const struct kb_kv_view *kv,
+			     uint32_t pos, uint32_t kvh0, uint32_t nkv,
+			     const struct kb_attn_shape *sh);
 int ops_attention_have_avx2(void);
 #endif
+
+int ops_attention_heads(float *out, const float *q, const struct kb_kv_view *kv,
+			uint32_t pos, uint32_t kvh0, uint32_t nkv, const struct kb_attn_shape *sh)
+{
+#if defined(__x86_64__)
+	if (kv->type != KB_Q8_0 && sh->head_dim % 8 == 0 && ops_attention_have_avx2())
+		return ops_attention_heads_avx2(out, q, kv, pos, kvh0, nkv, sh);
+#endif
+	const size_t per = (size_t)(sh->n_heads / sh->n_kv_heads) * sh->head_dim;
+	for (uint32_t h = 0; h < nkv; h++) {
+		int rc = ops_attention_group_c(out + h * per, q + h * per, kv, pos, kvh0 + h, sh);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
 
 int ops_attention_group(float *out, const float *q, const struct kb_kv_view *kv,
 			uint32_t pos, uint32_t kvh, const struct kb_attn_shape *sh)
 {
-#if defined(__x86_64__)
-	if (kv->type != KB_Q8_0 && sh->head_dim % 8 == 0 && ops_attention_have_avx2())
-		return ops_attention_group_avx2(out, q, kv, pos, kvh, sh);
-#endif
-	return ops_attention_group_c(out, q, kv, pos, kvh, sh);
+	return ops_attention_heads(out, q, kv, pos, kvh, 1, sh);
 }

@@ -47,6 +47,13 @@ void ops_rope_table(float *cs, uint32_t pos, const struct kb_rope *rope, const f
  */
 int ops_attention_group(float *out, const float *q, const struct kb_kv_view *kv,
 			 uint32_t pos, uint32_t kvh, const struct kb_attn_shape *shape);
+/*
+ * ops_attention_group() for kv heads kvh0 .. kvh0 + nkv - 1 at once (out
+ * and q: their groups' slices, consecutive), with the same results; the
+ * SIMD kernel reads each K and V row once for all of them.
+ */
+int ops_attention_heads(float *out, const float *q, const struct kb_kv_view *kv,
+			uint32_t pos, uint32_t kvh0, uint32_t nkv, const struct kb_attn_shape *shape);
 /* The first position a row at pos sees through a sliding window (0: none): p - q < window. */
 uint32_t ops_att_first(uint32_t pos, uint32_t window);
 /* s (n,) = tanh(s * (1 / cap)) * cap * scale, the soft-capped scores of raw q.k products. */

@@ -10,12 +10,10 @@
 #include "kernels/cpu/quant.h"
 #include "kernels/cpu/vexp.h"
 
-#define ATT_MAX_GROUP 16
-#define ATT_MAX_HD 256
-
 int ops_attention_have_avx2(void);
-int ops_attention_group_avx2(float *out, const float *q, const struct kb_kv_view *kv,
-			     uint32_t pos, uint32_t kvh, const struct kb_attn_shape *sh);
+int ops_attention_heads_avx2(float *out, const float *q, const struct kb_kv_view *kv,
+			     uint32_t pos, uint32_t kvh0, uint32_t nkv,
+			     const struct kb_attn_shape *sh);
 
 int ops_attention_have_avx2(void)
 {
@@ -34,14 +32,6 @@ static inline float hsum256(__m256 v)
 	__m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
 	__m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
 	return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
-}
-
-/* Eight elements at element index off of a row, as f32 (f32 or f16 rows). */
-static inline __m256 load8(const uint8_t *row, int f32, size_t off)
-{
-	if (f32)
-		return _mm256_loadu_ps((const float *)row + off);
-	return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + off)));
 }
 
 /* e^x of eight lanes: expf_inline()'s operations, lane by lane, so the same bits. */
@@ -110,99 +100,166 @@ static inline __m256 hsum256x8(const __m256 a[8])
 			     _mm256_shuffle_ps(t01, t23, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-/* Rows p0..p0+7 (which 0: K, 1: V) of kv head kvh as f32, (8, hd). */
-static inline void load_rows8(float *dst, const struct kb_kv_view *kv, int which, uint32_t p0,
-			      size_t off, uint32_t hd, int f32)
+/* Eight f32 elements at byte address r: an f32 row's, or an f16 row's converted. */
+static inline __attribute__((always_inline)) __m256 ld8(const uint8_t *r, int k, const int f32)
 {
-	for (uint32_t j = 0; j < 8; j++) {
-		const uint8_t *row = kb_kv_row(kv, which, p0 + j);
-		for (uint32_t i = 0; i < hd; i += 8)
-			_mm256_store_ps(dst + j * hd + i, load8(row, f32, off + i));
+	if (f32)
+		return _mm256_loadu_ps((const float *)r + 8 * k);
+	return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + 16 * k)));
+}
+
+/* Positions one pass of the kernel keeps in L1 for every head of the group. */
+#define ATT_RUN 32
+
+/* Both cache lines of up to 256 bytes of kv head data of rows p..p+n-1 (which 0: K, 1: V), from eoff. */
+static inline void prefetch_rows(const struct kb_kv_view *kv, int which, uint32_t p, uint32_t n,
+				 size_t eoff, size_t bytes)
+{
+	for (uint32_t j = 0; j < n; j++) {
+		const char *r = (const char *)kb_kv_row(kv, which, p + j) + eoff;
+		for (size_t b = 0; b < bytes; b += 64)
+			_mm_prefetch(r + b, _MM_HINT_T0);
 	}
 }
 
 /*
- * head_dim % 8 == 0: lane j of the accumulator sums elements j, j+8, ... like
- * dot_lanes(). K and V rows are converted once per block of eight positions
- * for the whole query-head group; eight positions' scores are reduced
- * together.
+ * Scores of positions p .. p+7 for one head, q (head_dim,): lane j of
+ * acc[j] sums elements j, j+8, ... like dot_lanes(), then hsum256x8().
  */
-int ops_attention_group_avx2(float *out, const float *q, const struct kb_kv_view *kv,
-			     uint32_t pos, uint32_t kvh, const struct kb_attn_shape *sh)
+static inline __attribute__((always_inline)) void qk8(float *s, const float *qv,
+						      const uint8_t *const kr[8], uint32_t hd,
+						      __m256 scale, const int f32)
 {
-	const uint32_t hd = sh->head_dim, group = sh->n_heads / sh->n_kv_heads;
+	__m256 acc[8];
+	for (int j = 0; j < 8; j++)
+		acc[j] = _mm256_setzero_ps();
+	for (uint32_t i = 0; i < hd / 8; i++) {
+		__m256 x = _mm256_loadu_ps(qv + 8 * i);
+		for (int j = 0; j < 8; j++)
+			acc[j] = _mm256_fmadd_ps(x, ld8(kr[j], (int)i, f32), acc[j]);
+	}
+	_mm256_storeu_ps(s, _mm256_mul_ps(hsum256x8(acc), scale));
+}
+
+/* o[0..63] += w[p] * V[p][..] over positions p0+p .. p0+p1-1 (eoff: the bytes before element 0 in a row), in p's order. */
+static inline __attribute__((always_inline)) void pv64(float *o, const float *w,
+						       const struct kb_kv_view *kv, uint32_t p0,
+						       uint32_t p, uint32_t p1, size_t eoff,
+						       const int f32)
+{
+	__m256 a[8];
+	for (int k = 0; k < 8; k++)
+		a[k] = _mm256_loadu_ps(o + 8 * k);
+	for (; p < p1; p++) {
+		const uint8_t *r = kb_kv_row(kv, 1, p0 + p) + eoff;
+		__m256 wp = _mm256_set1_ps(w[p]);
+		for (int k = 0; k < 8; k++)
+			a[k] = _mm256_fmadd_ps(wp, ld8(r, k, f32), a[k]);
+	}
+	for (int k = 0; k < 8; k++)
+		_mm256_storeu_ps(o + 8 * k, a[k]);
+}
+
+/* pv64() for eight elements. */
+static inline __attribute__((always_inline)) void pv8(float *o, const float *w,
+						      const struct kb_kv_view *kv, uint32_t p0,
+						      uint32_t p, uint32_t p1, size_t eoff,
+						      const int f32)
+{
+	__m256 a = _mm256_loadu_ps(o);
+	for (; p < p1; p++) {
+		const uint8_t *r = kb_kv_row(kv, 1, p0 + p) + eoff;
+		a = _mm256_fmadd_ps(_mm256_set1_ps(w[p]), ld8(r, 0, f32), a);
+	}
+	_mm256_storeu_ps(o, a);
+}
+
+/*
+ * head_dim % 8 == 0; kv heads kvh0 .. kvh0 + nkv - 1 and the query heads
+ * they serve, in one pass over the rows, so each K and V row is read from
+ * memory once and in address order. Scores: eight positions at a time for
+ * every head, each K row converted as it is used. Weighted V sums: runs
+ * of ATT_RUN positions, every head over one run before the next, each
+ * head's outputs in registers through a run. Rows ahead are prefetched.
+ * Every element sees the portable kernel's operations in its order.
+ */
+static inline __attribute__((always_inline)) int attention_heads(
+	float *out, const float *q, const struct kb_kv_view *kv, uint32_t pos, uint32_t kvh0,
+	uint32_t nkv, const struct kb_attn_shape *sh, const int f32)
+{
+	const uint32_t hd = sh->head_dim, group = sh->n_heads / sh->n_kv_heads, nh = nkv * group;
 	const uint32_t p0 = ops_att_first(pos, sh->window), np = pos + 1 - p0;
 	const float sc = sh->softcap != 0.0f ? 1.0f : sh->scale;	/* a capped score is scaled after */
-	const int f32 = kv->type == KB_F32;
-	const size_t off = (size_t)kvh * hd;
-	float qh[ATT_MAX_GROUP][ATT_MAX_HD] __attribute__((aligned(32)));
-	float rows[8 * ATT_MAX_HD] __attribute__((aligned(32)));
-	float *s = ops_att_scores((size_t)group * np);	/* (group, np) */
-	if (!s)
+	const size_t esz = f32 ? 4 : 2, eoff = (size_t)kvh0 * hd * esz, rbytes = nkv * hd * esz;
+	/* (nh, hd) queries, then (nh, np) scores */
+	float *qh = ops_att_scores((size_t)nh * hd + (size_t)nh * np);
+	if (!qh)
 		return -ENOMEM;
-	for (uint32_t g = 0; g < group; g++)
-		for (uint32_t i = 0; i < hd; i += 8) {
-			__m256 x = _mm256_loadu_ps(q + g * hd + i);
-			if (!f32)
-				x = _mm256_cvtph_ps(_mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
-			_mm256_store_ps(&qh[g][i], x);
-		}
+	float *s = qh + (size_t)nh * hd;
+	for (uint32_t i = 0; i < nh * hd; i += 8) {
+		__m256 x = _mm256_loadu_ps(q + i);
+		if (!f32)
+			x = _mm256_cvtph_ps(_mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+		_mm256_storeu_ps(qh + i, x);
+	}
 	const __m256 scale = _mm256_set1_ps(sc);
 	uint32_t p = 0;
+	prefetch_rows(kv, 0, p0, np < 32 ? np : 32, eoff, rbytes);
 	for (; p + 8 <= np; p += 8) {
-		load_rows8(rows, kv, 0, p0 + p, off, hd, f32);
-		for (uint32_t g = 0; g < group; g++) {
-			__m256 acc[8];
+		if (p + 40 <= np)
+			prefetch_rows(kv, 0, p0 + p + 32, 8, eoff, rbytes);
+		const uint8_t *kr[8];
+		for (int j = 0; j < 8; j++)
+			kr[j] = kb_kv_row(kv, 0, p0 + p + j) + eoff;
+		for (uint32_t h = 0; h < nh; h++) {
+			const uint8_t *kh[8];
 			for (int j = 0; j < 8; j++)
-				acc[j] = _mm256_setzero_ps();
-			for (uint32_t i = 0; i < hd; i += 8) {
-				__m256 qv = _mm256_load_ps(&qh[g][i]);
-				for (int j = 0; j < 8; j++)
-					acc[j] = _mm256_fmadd_ps(qv, _mm256_load_ps(rows + j * hd + i),
-								 acc[j]);
-			}
-			_mm256_storeu_ps(s + g * np + p, _mm256_mul_ps(hsum256x8(acc), scale));
+				kh[j] = kr[j] + (size_t)(h / group) * hd * esz;
+			qk8(s + (size_t)h * np + p, qh + (size_t)h * hd, kh, hd, scale, f32);
 		}
 	}
 	for (; p < np; p++) {
-		const uint8_t *k = kb_kv_row(kv, 0, p0 + p);
-		for (uint32_t g = 0; g < group; g++) {
+		const uint8_t *kr = kb_kv_row(kv, 0, p0 + p) + eoff;
+		for (uint32_t h = 0; h < nh; h++) {
+			const uint8_t *k = kr + (size_t)(h / group) * hd * esz;
 			__m256 acc = _mm256_setzero_ps();
-			for (uint32_t i = 0; i < hd; i += 8)
-				acc = _mm256_fmadd_ps(_mm256_load_ps(&qh[g][i]),
-						      load8(k, f32, off + i), acc);
-			s[g * np + p] = hsum256(acc) * sc;
+			for (uint32_t i = 0; i < hd / 8; i++)
+				acc = _mm256_fmadd_ps(_mm256_loadu_ps(qh + (size_t)h * hd + 8 * i),
+						      ld8(k, (int)i, f32), acc);
+			s[(size_t)h * np + p] = hsum256(acc) * sc;
 		}
 	}
 	if (sh->softcap != 0.0f)
-		ops_att_softcap(s, group * np, sh->softcap, sh->scale);
-	for (uint32_t g = 0; g < group; g++)
-		softmax8(s + g * np, np, !f32);
-	memset(out, 0, (size_t)group * hd * sizeof(float));
-	for (p = 0; p + 8 <= np; p += 8) {
-		load_rows8(rows, kv, 1, p0 + p, off, hd, f32);
-		for (uint32_t g = 0; g < group; g++) {
-			const float *sg = s + g * np + p;
-			float *o = out + g * hd;
-			for (uint32_t i = 0; i < hd; i += 8) {
-				__m256 acc = _mm256_loadu_ps(o + i);
-				for (int j = 0; j < 8; j++)
-					acc = _mm256_fmadd_ps(_mm256_set1_ps(sg[j]),
-							      _mm256_load_ps(rows + j * hd + i), acc);
-				_mm256_storeu_ps(o + i, acc);
-			}
-		}
-	}
-	for (; p < np; p++) {
-		const uint8_t *v = kb_kv_row(kv, 1, p0 + p);
-		for (uint32_t g = 0; g < group; g++) {
-			__m256 w = _mm256_set1_ps(s[g * np + p]);
-			float *o = out + g * hd;
-			for (uint32_t i = 0; i < hd; i += 8)
-				_mm256_storeu_ps(o + i, _mm256_fmadd_ps(w, load8(v, f32, off + i),
-									_mm256_loadu_ps(o + i)));
+		ops_att_softcap(s, nh * np, sh->softcap, sh->scale);
+	prefetch_rows(kv, 1, p0, np < ATT_RUN ? np : ATT_RUN, eoff, rbytes);
+	for (uint32_t h = 0; h < nh; h++)
+		softmax8(s + (size_t)h * np, np, !f32);
+	memset(out, 0, (size_t)nh * hd * sizeof(float));
+	for (p = 0; p < np; p += ATT_RUN) {
+		const uint32_t p1 = np - p < ATT_RUN ? np : p + ATT_RUN;
+		if (p1 < np)
+			prefetch_rows(kv, 1, p0 + p1, np - p1 < ATT_RUN ? np - p1 : ATT_RUN, eoff,
+				      rbytes);
+		for (uint32_t h = 0; h < nh; h++) {
+			float *o = out + (size_t)h * hd;
+			const float *w = s + (size_t)h * np;
+			const size_t ho = eoff + (size_t)(h / group) * hd * esz;
+			uint32_t c = 0;
+			for (; c + 64 <= hd; c += 64)
+				pv64(o + c, w, kv, p0, p, p1, ho + c * esz, f32);
+			for (; c < hd; c += 8)
+				pv8(o + c, w, kv, p0, p, p1, ho + c * esz, f32);
 		}
 	}
 	return 0;
+}
+
+int ops_attention_heads_avx2(float *out, const float *q, const struct kb_kv_view *kv,
+			     uint32_t pos, uint32_t kvh0, uint32_t nkv,
+			     const struct kb_attn_shape *sh)
+{
+	if (kv->type == KB_F32)
+		return attention_heads(out, q, kv, pos, kvh0, nkv, sh, 1);
+	return attention_heads(out, q, kv, pos, kvh0, nkv, sh, 0);
 }
 #endif
