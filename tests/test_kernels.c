@@ -1010,6 +1010,19 @@ static void test_swiglu(void **state)
 	float row[DIM];
 	ops_swiglu_row(row, gate + DIM, up + DIM, DIM);
 	assert_memory_equal(row, out + DIM, sizeof(row));
+	/* the SIMD path against the portable one, bit for bit, with NaN, infinities and the clamp edges */
+	static const float edge[] = { NAN, INFINITY, -INFINITY, 88.3f, -88.3f, 87.3f, -87.3f, 100.0f,
+				      -100.0f, 0.0f, -0.0f, 1e-30f, -1e-30f, 1e-45f };
+	for (unsigned e = 0; e < sizeof(edge) / sizeof(edge[0]); e++)
+		gate[DIM + 7 * e] = edge[e];
+	float rc[DIM];
+	ops_swiglu_row(row, gate + DIM, up + DIM, DIM);
+	ops_swiglu_row_c(rc, gate + DIM, up + DIM, DIM);
+	for (int i = 0; i < DIM; i++)
+		if (fbits(row[i]) != fbits(rc[i]))
+			fail_msg("swiglu(%a): %a, portable %a", (double)gate[DIM + i], (double)row[i],
+				 (double)rc[i]);
+	ops_swiglu_row(out + DIM, gate + DIM, up + DIM, DIM);
 	assert_int_equal(be->ops->swiglu(be, gate, gate, up, N, DIM), 0);
 	assert_memory_equal(gate, out, sizeof(out));
 	be->ops->destroy(be);

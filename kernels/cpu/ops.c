@@ -49,12 +49,28 @@ CLONES void ops_rmsnorm_row(float *out, const float *x, const float *g, uint32_t
 		out[i] = x[i] * scale * g[i];
 }
 
-CLONES void ops_swiglu_row(float *out, const float *gate, const float *up, uint32_t dim)
+CLONES void ops_swiglu_row_c(float *out, const float *gate, const float *up, uint32_t dim)
 {
 	for (uint32_t i = 0; i < dim; i++) {
 		float gv = gate[i];
 		out[i] = gv / (1.0f + expf_inline(-gv)) * up[i];
 	}
+}
+
+#if defined(__x86_64__)
+int ops_swiglu_row_avx2(float *out, const float *gate, const float *up, uint32_t dim);
+int ops_attention_have_avx2(void);
+#endif
+
+/* The portable loop does not vectorise (expf_inline()'s clamps and rounding); the AVX2 one gives its bits. */
+void ops_swiglu_row(float *out, const float *gate, const float *up, uint32_t dim)
+{
+	uint32_t done = 0;
+#if defined(__x86_64__)
+	if (ops_attention_have_avx2())
+		done = (uint32_t)ops_swiglu_row_avx2(out, gate, up, dim);
+#endif
+	ops_swiglu_row_c(out + done, gate + done, up + done, dim - done);
 }
 
 CLONES void ops_add_bias_row(float *x, const float *bias, uint32_t dim)

@@ -12,6 +12,8 @@ float fast_expf(float x);
 void ops_rmsnorm_row(float *out, const float *x, const float *g, uint32_t dim, float eps);
 /* out (dim,) = silu(gate) * up */
 void ops_swiglu_row(float *out, const float *gate, const float *up, uint32_t dim);
+/* The portable ops_swiglu_row(), which the SIMD one matches bit for bit (for tests). */
+void ops_swiglu_row_c(float *out, const float *gate, const float *up, uint32_t dim);
 /* x (dim,) += bias (dim,) */
 void ops_add_bias_row(float *x, const float *bias, uint32_t dim);
 /* x (dim,) *= s */

@@ -11,6 +11,7 @@
 #include "kernels/cpu/vexp.h"
 
 int ops_attention_have_avx2(void);
+int ops_swiglu_row_avx2(float *out, const float *gate, const float *up, uint32_t dim);
 int ops_attention_heads_avx2(float *out, const float *q, const struct kb_kv_view *kv,
 			     uint32_t pos, uint32_t kvh0, uint32_t nkv,
 			     const struct kb_attn_shape *sh);
@@ -53,6 +54,20 @@ static inline __m256 exp8(__m256 x)
 	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
 	__m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
 	return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* ops_swiglu_row_c() eight lanes at a time: exp8() is expf_inline() lane by lane, then the same 1 +, / and *. */
+int ops_swiglu_row_avx2(float *out, const float *gate, const float *up, uint32_t dim)
+{
+	const __m256 one = _mm256_set1_ps(1.0f), neg = _mm256_set1_ps(-0.0f);
+	uint32_t i = 0;
+	for (; i + 8 <= dim; i += 8) {
+		__m256 g = _mm256_loadu_ps(gate + i);
+		__m256 e = exp8(_mm256_xor_ps(g, neg));
+		_mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)),
+							_mm256_loadu_ps(up + i)));
+	}
+	return (int)i;
 }
 
 /* softmax_row() with the element-wise steps eight lanes at a time (same bits). */
