@@ -70,31 +70,65 @@ int ops_swiglu_row_avx2(float *out, const float *gate, const float *up, uint32_t
 	return (int)i;
 }
 
-/* softmax_row() with the element-wise steps eight lanes at a time (same bits). */
-static void softmax8(float *x, uint32_t n, int round16)
+/* Largest of x[0..n-1] as softmax_row() finds it: NaN skipped (max_ps keeps m), every other order giving the same value. */
+static float max_row(const float *x, uint32_t n)
 {
+	__m256 m = _mm256_set1_ps(-INFINITY);
 	uint32_t p = 0;
-	float mx = -INFINITY;
-	for (p = 0; p < n; p++)
+	for (; p + 8 <= n; p += 8)
+		m = _mm256_max_ps(_mm256_loadu_ps(x + p), m);
+	float l[8], mx = -INFINITY;
+	_mm256_storeu_ps(l, m);
+	for (int i = 0; i < 8; i++)
+		mx = l[i] > mx ? l[i] : mx;
+	for (; p < n; p++)
 		mx = x[p] > mx ? x[p] : mx;
-	__m256 vm = _mm256_set1_ps(mx);
-	for (p = 0; p + 8 <= n; p += 8)
-		_mm256_storeu_ps(x + p, exp8(_mm256_sub_ps(_mm256_loadu_ps(x + p), vm)));
-	for (; p < n; p++)
-		x[p] = expf_inline(x[p] - mx);
-	double sum = 0.0;
-	for (p = 0; p < n; p++)
-		sum += x[p];
-	float inv = (float)(1.0 / sum);
-	__m256 vi = _mm256_set1_ps(inv);
-	for (p = 0; p + 8 <= n; p += 8) {
-		__m256 w = _mm256_mul_ps(_mm256_loadu_ps(x + p), vi);
-		if (round16)
-			w = _mm256_cvtph_ps(_mm256_cvtps_ph(w, _MM_FROUND_TO_NEAREST_INT));
-		_mm256_storeu_ps(x + p, w);
+	return mx;
+}
+
+/*
+ * softmax_row() of the nh rows (nh, n) of x, with the element-wise steps
+ * eight lanes at a time and the rows' double sums, each in position
+ * order, four rows abreast (same bits). A zero of either sign as the max
+ * gives the same differences.
+ */
+static void softmax_rows8(float *x, uint32_t nh, uint32_t n, int round16)
+{
+	for (uint32_t h = 0; h < nh; h++) {
+		float *xr = x + (size_t)h * n;
+		__m256 vm = _mm256_set1_ps(max_row(xr, n));
+		uint32_t p = 0;
+		for (; p + 8 <= n; p += 8)
+			_mm256_storeu_ps(xr + p, exp8(_mm256_sub_ps(_mm256_loadu_ps(xr + p), vm)));
+		for (; p < n; p++)
+			xr[p] = expf_inline(xr[p] - _mm256_cvtss_f32(vm));
 	}
-	for (; p < n; p++)
-		x[p] = round16 ? fp16_round(x[p] * inv) : x[p] * inv;
+	for (uint32_t h0 = 0; h0 < nh; h0 += 4) {
+		const float *r[4];
+		for (uint32_t k = 0; k < 4; k++)	/* past the last row: its sum again, unused */
+			r[k] = x + (size_t)(h0 + k < nh ? h0 + k : nh - 1) * n;
+		double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+		for (uint32_t p = 0; p < n; p++) {
+			s0 += r[0][p];
+			s1 += r[1][p];
+			s2 += r[2][p];
+			s3 += r[3][p];
+		}
+		const double sum[4] = { s0, s1, s2, s3 };
+		for (uint32_t k = 0; k < 4 && h0 + k < nh; k++) {
+			float *xr = x + (size_t)(h0 + k) * n, inv = (float)(1.0 / sum[k]);
+			__m256 vi = _mm256_set1_ps(inv);
+			uint32_t p = 0;
+			for (; p + 8 <= n; p += 8) {
+				__m256 w = _mm256_mul_ps(_mm256_loadu_ps(xr + p), vi);
+				if (round16)
+					w = _mm256_cvtph_ps(_mm256_cvtps_ph(w, _MM_FROUND_TO_NEAREST_INT));
+				_mm256_storeu_ps(xr + p, w);
+			}
+			for (; p < n; p++)
+				xr[p] = round16 ? fp16_round(xr[p] * inv) : xr[p] * inv;
+		}
+	}
 }
 
 /*
@@ -247,8 +281,7 @@ static inline __attribute__((always_inline)) int attention_heads(
 	if (sh->softcap != 0.0f)
 		ops_att_softcap(s, nh * np, sh->softcap, sh->scale);
 	prefetch_rows(kv, 1, p0, np < ATT_RUN ? np : ATT_RUN, eoff, rbytes);
-	for (uint32_t h = 0; h < nh; h++)
-		softmax8(s + (size_t)h * np, np, !f32);
+	softmax_rows8(s, nh, np, !f32);
 	memset(out, 0, (size_t)nh * hd * sizeof(float));
 	for (p = 0; p < np; p += ATT_RUN) {
 		const uint32_t p1 = np - p < ATT_RUN ? np : p + ATT_RUN;
