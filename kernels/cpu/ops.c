@@ -59,7 +59,7 @@ CLONES void ops_swiglu_row_c(float *out, const float *gate, const float *up, uin
 
 #if defined(__x86_64__)
 int ops_swiglu_row_avx2(float *out, const float *gate, const float *up, uint32_t dim);
-int ops_attention_have_avx2(void);
+int ops_have_avx2(void);
 #endif
 
 /* The portable loop does not vectorise (expf_inline()'s clamps and rounding); the AVX2 one gives its bits. */
@@ -67,7 +67,7 @@ void ops_swiglu_row(float *out, const float *gate, const float *up, uint32_t dim
 {
 	uint32_t done = 0;
 #if defined(__x86_64__)
-	if (ops_attention_have_avx2())
+	if (ops_have_avx2())
 		done = (uint32_t)ops_swiglu_row_avx2(out, gate, up, dim);
 #endif
 	ops_swiglu_row_c(out + done, gate + done, up + done, dim - done);
@@ -329,14 +329,14 @@ int ops_attention_group_c(float *out, const float *q, const struct kb_kv_view *k
 int ops_attention_heads_avx2(float *out, const float *q, const struct kb_kv_view *kv,
 			     uint32_t pos, uint32_t kvh0, uint32_t nkv,
 			     const struct kb_attn_shape *sh);
-int ops_attention_have_avx2(void);
+int ops_have_avx2(void);
 #endif
 
 int ops_attention_heads(float *out, const float *q, const struct kb_kv_view *kv,
 			uint32_t pos, uint32_t kvh0, uint32_t nkv, const struct kb_attn_shape *sh)
 {
 #if defined(__x86_64__)
-	if (kv->type != KB_Q8_0 && sh->head_dim % 8 == 0 && ops_attention_have_avx2())
+	if (kv->type != KB_Q8_0 && sh->head_dim % 8 == 0 && ops_have_avx2())
 		return ops_attention_heads_avx2(out, q, kv, pos, kvh0, nkv, sh);
 #endif
 	const size_t per = (size_t)(sh->n_heads / sh->n_kv_heads) * sh->head_dim;

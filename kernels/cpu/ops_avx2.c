@@ -10,13 +10,13 @@
 #include "kernels/cpu/quant.h"
 #include "kernels/cpu/vexp.h"
 
-int ops_attention_have_avx2(void);
+int ops_have_avx2(void);
 int ops_swiglu_row_avx2(float *out, const float *gate, const float *up, uint32_t dim);
 int ops_attention_heads_avx2(float *out, const float *q, const struct kb_kv_view *kv,
 			     uint32_t pos, uint32_t kvh0, uint32_t nkv,
 			     const struct kb_attn_shape *sh);
 
-int ops_attention_have_avx2(void)
+int ops_have_avx2(void)
 {
 	static int have = -1;
 	if (have < 0) {
@@ -157,10 +157,10 @@ static inline __attribute__((always_inline)) __m256 ld8(const uint8_t *r, int k,
 	return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + 16 * k)));
 }
 
-/* Positions one pass of the kernel keeps in L1 for every head of the group. */
+/* Positions of V whose rows one pass keeps in L1 while every head sums over them. */
 #define ATT_RUN 32
 
-/* Both cache lines of up to 256 bytes of kv head data of rows p..p+n-1 (which 0: K, 1: V), from eoff. */
+/* Every cache line of the bytes bytes at eoff in rows p..p+n-1 (which 0: K, 1: V). */
 static inline void prefetch_rows(const struct kb_kv_view *kv, int which, uint32_t p, uint32_t n,
 				 size_t eoff, size_t bytes)
 {
