@@ -1485,7 +1485,7 @@ static double at_check_head(const float *qh, const float *oh, const double *kd,
  * position count from 1 to 100 (whole and partial blocks of eight and runs
  * of 32), head sizes of 64 and 80 (whole and partial 64-element chunks), an
  * f16 and an f32 cache in 16-token blocks in a scrambled order, head groups
- * of 1 and 3, one kv head at a time and all at once (ops_attention_heads).
+ * of 1 and 3, one kv head at a time and all at once.
  */
 static void test_attention_paths(void **state)
 {
@@ -1529,7 +1529,7 @@ static void test_attention_paths(void **state)
 						float g[3 * MAXHD];
 						const float *x = a + h * per;
 						if (one) {
-							assert_int_equal(ops_attention_group(g, q + h * per, &kv, p, h, &sh), 0);
+							assert_int_equal(ops_attention_heads(g, q + h * per, &kv, p, h, 1, &sh), 0);
 							x = g;
 						}
 						for (uint32_t i = 0; i < per; i++)

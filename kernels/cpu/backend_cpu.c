@@ -598,10 +598,16 @@ static void attention_task(void *ctx, uint32_t t)
 		__atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
 }
 
-/* Kv heads per attention task: a row's all, unless the rows are too few to share among the threads. */
-static uint32_t attention_split(struct cpu_backend *cb, uint32_t n, const struct kb_attn_shape *sh)
+/*
+ * Run j over its n rows: a task takes a row's kv heads all together,
+ * unless the rows are too few to share among the threads.
+ */
+static int attention_run(struct cpu_backend *cb, struct row_job *j, uint32_t n)
 {
-	return n >= 2 * threadpool_size(cb->tp) ? sh->n_kv_heads : 1;
+	const uint32_t kvh = j->shape->n_kv_heads;
+	j->kv_per_task = n >= 2 * threadpool_size(cb->tp) ? kvh : 1;
+	threadpool_run(cb->tp, attention_task, j, n * (kvh / j->kv_per_task));
+	return j->failed ? -ENOMEM : 0;
 }
 
 /* The shapes and caches the attention kernels take. */
@@ -630,10 +636,8 @@ int backend_cpu_attention(struct backend *b, float *out, const float *q,
 	for (uint32_t r = 0; r < n; r++)
 		if (pos[r] >= kv->n_blocks * kv->block_tokens)
 			return -ERANGE;
-	struct row_job j = { .out = out, .x = q, .kv = kv, .pos = pos, .shape = shape,
-			     .kv_per_task = attention_split(CPU(b), n, shape) };
-	threadpool_run(CPU(b)->tp, attention_task, &j, n * (shape->n_kv_heads / j.kv_per_task));
-	return j.failed ? -ENOMEM : 0;
+	struct row_job j = { .out = out, .x = q, .kv = kv, .pos = pos, .shape = shape };
+	return attention_run(CPU(b), &j, n);
 }
 
 static int cpu_write_kv_rows(struct backend *b, const struct kb_kv_rows *kv, const uint32_t *pos,
@@ -660,10 +664,8 @@ static int cpu_attention_rows(struct backend *b, float *out, const float *q,
 	for (uint32_t r = 0; r < n; r++)
 		if (pos[r] >= kv->tab_len[r] * kv->geo.block_tokens)
 			return -ERANGE;
-	struct row_job j = { .out = out, .x = q, .kvr = kv, .pos = pos, .shape = shape,
-			     .kv_per_task = attention_split(CPU(b), n, shape) };
-	threadpool_run(CPU(b)->tp, attention_task, &j, n * (shape->n_kv_heads / j.kv_per_task));
-	return j.failed ? -ENOMEM : 0;
+	struct row_job j = { .out = out, .x = q, .kvr = kv, .pos = pos, .shape = shape };
+	return attention_run(CPU(b), &j, n);
 }
 
 /* Exactly add() then rmsnorm(): the CPU gains nothing from fusing the two. */

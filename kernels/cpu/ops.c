@@ -7,6 +7,7 @@
 #include "kernels/cpu/quant.h"
 #include "kernels/cpu/dot.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/ops_avx2.h"
 #include "kernels/cpu/vexp.h"
 
 /* Compiled twice (x86-64-v3 and baseline); both clones do the same f32 operations. */
@@ -56,11 +57,6 @@ CLONES void ops_swiglu_row_c(float *out, const float *gate, const float *up, uin
 		out[i] = gv / (1.0f + expf_inline(-gv)) * up[i];
 	}
 }
-
-#if defined(__x86_64__)
-int ops_swiglu_row_avx2(float *out, const float *gate, const float *up, uint32_t dim);
-int ops_have_avx2(void);
-#endif
 
 /* The portable loop does not vectorise (expf_inline()'s clamps and rounding); the AVX2 one gives its bits. */
 void ops_swiglu_row(float *out, const float *gate, const float *up, uint32_t dim)
@@ -325,13 +321,6 @@ int ops_attention_group_c(float *out, const float *q, const struct kb_kv_view *k
 	return 0;
 }
 
-#if defined(__x86_64__)
-int ops_attention_heads_avx2(float *out, const float *q, const struct kb_kv_view *kv,
-			     uint32_t pos, uint32_t kvh0, uint32_t nkv,
-			     const struct kb_attn_shape *sh);
-int ops_have_avx2(void);
-#endif
-
 int ops_attention_heads(float *out, const float *q, const struct kb_kv_view *kv,
 			uint32_t pos, uint32_t kvh0, uint32_t nkv, const struct kb_attn_shape *sh)
 {
@@ -346,10 +335,4 @@ int ops_attention_heads(float *out, const float *q, const struct kb_kv_view *kv,
 			return rc;
 	}
 	return 0;
-}
-
-int ops_attention_group(float *out, const float *q, const struct kb_kv_view *kv,
-			uint32_t pos, uint32_t kvh, const struct kb_attn_shape *sh)
-{
-	return ops_attention_heads(out, q, kv, pos, kvh, 1, sh);
 }

@@ -40,19 +40,14 @@ void ops_rope_row(float *x, const float *cs, uint32_t n_heads, uint32_t head_dim
 void ops_rope_table(float *cs, uint32_t pos, const struct kb_rope *rope, const float *ff);
 
 /*
- * Attention of one query row at position pos against kv head kvh, for the
- * group of query heads kvh serves: out and q are (group, head_dim) slices.
- * The row sees positions ops_att_first(pos, window) .. pos; each score is
- * q.k * scale, or with a soft-cap tanh(q.k / cap) * cap * scale. Scores,
- * softmax and the weighted sum of V each run in position order.
- * Returns 0 or -ENOMEM.
- */
-int ops_attention_group(float *out, const float *q, const struct kb_kv_view *kv,
-			 uint32_t pos, uint32_t kvh, const struct kb_attn_shape *shape);
-/*
- * ops_attention_group() for kv heads kvh0 .. kvh0 + nkv - 1 at once (out
- * and q: their groups' slices, consecutive), with the same results; the
- * SIMD kernel reads each K and V row once for all of them.
+ * Attention of one query row at position pos against kv heads kvh0 ..
+ * kvh0 + nkv - 1, for the groups of query heads they serve: out and q are
+ * (nkv * group, head_dim) slices. The row sees positions
+ * ops_att_first(pos, window) .. pos; each score is q.k * scale, or with a
+ * soft-cap tanh(q.k / cap) * cap * scale. Scores, softmax and the weighted
+ * sum of V each run in position order, so each head's result is the same
+ * whatever nkv; the SIMD kernel reads each K and V row once for all of
+ * them. Returns 0 or -ENOMEM.
  */
 int ops_attention_heads(float *out, const float *q, const struct kb_kv_view *kv,
 			uint32_t pos, uint32_t kvh0, uint32_t nkv, const struct kb_attn_shape *shape);
@@ -60,7 +55,7 @@ int ops_attention_heads(float *out, const float *q, const struct kb_kv_view *kv,
 uint32_t ops_att_first(uint32_t pos, uint32_t window);
 /* s (n,) = tanh(s * (1 / cap)) * cap * scale, the soft-capped scores of raw q.k products. */
 void ops_att_softcap(float *s, uint32_t n, float cap, float scale);
-/* The portable implementation, which every SIMD one must match bit for bit (for tests). */
+/* The portable implementation for one kv head, which every SIMD one must match bit for bit (for tests). */
 int ops_attention_group_c(float *out, const float *q, const struct kb_kv_view *kv,
 			   uint32_t pos, uint32_t kvh, const struct kb_attn_shape *shape);
 

@@ -1,4 +1,4 @@
-/* ops_avx2.c — attention with AVX2/FMA/F16C: the same operations, in the same order, as the portable kernel. */
+/* ops_avx2.c — attention and SwiGLU with AVX2/FMA/F16C: the same operations, in the same order, as the portable kernels. */
 #if defined(__x86_64__)
 #pragma GCC target("avx2,fma,f16c")
 #include <errno.h>
@@ -7,14 +7,9 @@
 #include <string.h>
 #include "kernels/cpu/dot.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/ops_avx2.h"
 #include "kernels/cpu/quant.h"
 #include "kernels/cpu/vexp.h"
-
-int ops_have_avx2(void);
-int ops_swiglu_row_avx2(float *out, const float *gate, const float *up, uint32_t dim);
-int ops_attention_heads_avx2(float *out, const float *q, const struct kb_kv_view *kv,
-			     uint32_t pos, uint32_t kvh0, uint32_t nkv,
-			     const struct kb_attn_shape *sh);
 
 int ops_have_avx2(void)
 {
@@ -159,6 +154,8 @@ static inline __attribute__((always_inline)) __m256 ld8(const uint8_t *r, int k,
 
 /* Positions of V whose rows one pass keeps in L1 while every head sums over them. */
 #define ATT_RUN 32
+/* How many K rows ahead of the scores the prefetches run. */
+#define ATT_AHEAD 32
 
 /* Every cache line of the bytes bytes at eoff in rows p..p+n-1 (which 0: K, 1: V). */
 static inline void prefetch_rows(const struct kb_kv_view *kv, int which, uint32_t p, uint32_t n,
@@ -190,37 +187,27 @@ static inline __attribute__((always_inline)) void qk8(float *s, const float *qv,
 	_mm256_storeu_ps(s, _mm256_mul_ps(hsum256x8(acc), scale));
 }
 
-/* o[0..63] += w[p] * V[p][..] over positions p0+p .. p0+p1-1 (eoff: the bytes before element 0 in a row), in p's order. */
-static inline __attribute__((always_inline)) void pv64(float *o, const float *w,
-						       const struct kb_kv_view *kv, uint32_t p0,
-						       uint32_t p, uint32_t p1, size_t eoff,
-						       const int f32)
+/*
+ * o[0 .. 8 nv - 1] += w[p] * V[p][..] over positions p0+p .. p0+p1-1 (eoff:
+ * the bytes before element 0 in a row), in p's order; nv (at most 8) is a
+ * constant after inlining, so o stays in registers.
+ */
+static inline __attribute__((always_inline)) void pv_sum(float *o, const float *w,
+							 const struct kb_kv_view *kv, uint32_t p0,
+							 uint32_t p, uint32_t p1, size_t eoff,
+							 const int nv, const int f32)
 {
 	__m256 a[8];
-	for (int k = 0; k < 8; k++)
+	for (int k = 0; k < nv; k++)
 		a[k] = _mm256_loadu_ps(o + 8 * k);
 	for (; p < p1; p++) {
 		const uint8_t *r = kb_kv_row(kv, 1, p0 + p) + eoff;
 		__m256 wp = _mm256_set1_ps(w[p]);
-		for (int k = 0; k < 8; k++)
+		for (int k = 0; k < nv; k++)
 			a[k] = _mm256_fmadd_ps(wp, ld8(r, k, f32), a[k]);
 	}
-	for (int k = 0; k < 8; k++)
+	for (int k = 0; k < nv; k++)
 		_mm256_storeu_ps(o + 8 * k, a[k]);
-}
-
-/* pv64() for eight elements. */
-static inline __attribute__((always_inline)) void pv8(float *o, const float *w,
-						      const struct kb_kv_view *kv, uint32_t p0,
-						      uint32_t p, uint32_t p1, size_t eoff,
-						      const int f32)
-{
-	__m256 a = _mm256_loadu_ps(o);
-	for (; p < p1; p++) {
-		const uint8_t *r = kb_kv_row(kv, 1, p0 + p) + eoff;
-		a = _mm256_fmadd_ps(_mm256_set1_ps(w[p]), ld8(r, 0, f32), a);
-	}
-	_mm256_storeu_ps(o, a);
 }
 
 /*
@@ -253,10 +240,10 @@ static inline __attribute__((always_inline)) int attention_heads(
 	}
 	const __m256 scale = _mm256_set1_ps(sc);
 	uint32_t p = 0;
-	prefetch_rows(kv, 0, p0, np < 32 ? np : 32, eoff, rbytes);
+	prefetch_rows(kv, 0, p0, np < ATT_AHEAD ? np : ATT_AHEAD, eoff, rbytes);
 	for (; p + 8 <= np; p += 8) {
-		if (p + 40 <= np)
-			prefetch_rows(kv, 0, p0 + p + 32, 8, eoff, rbytes);
+		if (p + ATT_AHEAD + 8 <= np)
+			prefetch_rows(kv, 0, p0 + p + ATT_AHEAD, 8, eoff, rbytes);
 		const uint8_t *kr[8];
 		for (int j = 0; j < 8; j++)
 			kr[j] = kb_kv_row(kv, 0, p0 + p + j) + eoff;
@@ -294,9 +281,9 @@ static inline __attribute__((always_inline)) int attention_heads(
 			const size_t ho = eoff + (size_t)(h / group) * hd * esz;
 			uint32_t c = 0;
 			for (; c + 64 <= hd; c += 64)
-				pv64(o + c, w, kv, p0, p, p1, ho + c * esz, f32);
+				pv_sum(o + c, w, kv, p0, p, p1, ho + c * esz, 8, f32);
 			for (; c < hd; c += 8)
-				pv8(o + c, w, kv, p0, p, p1, ho + c * esz, f32);
+				pv_sum(o + c, w, kv, p0, p, p1, ho + c * esz, 1, f32);
 		}
 	}
 	return 0;
