@@ -132,14 +132,15 @@ static int make_daemon_pool(struct kvd_options *o, struct model *m, struct backe
 	*ps = NULL;
 	if (rc)
 		return rc;
-	if (!be->host_mem && persist_wanted(&o->srv))
+	const int want = persist_wanted(&o->srv);
+	if (!be->host_mem && want)
 		log_msg(LOG_NOTICE, "KV is not kept across restarts on the %s backend: its pool is "
 			"in device memory", be->ops->name);
-	if (be->host_mem && !o->srv.no_persist && !persist_wanted(&o->srv))
+	if (be->host_mem && !o->srv.no_persist && !want)
 		log_msg(LOG_INFO, "KV is not kept across restarts: no file-descriptor store (systemd) "
 			"and no --state-dir");
 	/* Nothing to keep: no model hash, no memfds. */
-	if (!be->host_mem || !persist_wanted(&o->srv))
+	if (!be->host_mem || !want)
 		return make_pool(o, m, be, 0, out);
 	struct persist_geom g = { model_identity(m), pc, m->hp.ctx_len, m->hp.vocab };
 	if ((rc = persist_open(ps, &o->srv, &g)))
