@@ -9,14 +9,20 @@ export KVD_CONFIG
 passed=0
 failed=0
 failed_names=""
+# Each program's wall time is printed after it, so a slow CI run shows where
+# its minutes went (a figure to read, never a limit).
 for t in "$@"; do
 	echo "=== $(basename "$t")"
+	start=$(date +%s)
 	if "$t"; then
 		passed=$((passed + 1))
+		verdict=passed
 	else
 		failed=$((failed + 1))
 		failed_names="$failed_names $(basename "$t")"
+		verdict=FAILED
 	fi
+	echo "=== $(basename "$t"): $verdict in $(($(date +%s) - start)) s"
 done
 echo
 echo "test programs: $passed passed, $failed failed"

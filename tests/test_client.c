@@ -792,9 +792,12 @@ static int wait_output(const char *path, pid_t pid)
 
 /*
  * --poll spins only for a window after each completion: with the daemon
- * stopped mid-stream, the client sleeps (its CPU time stays far below the
- * wall time, its state is S). A client that spun for ever would be R
- * throughout and burn a core (on a loaded 2-core machine, the daemon's).
+ * stopped mid-stream, the client sleeps, so its CPU time stays far below the
+ * wall time. A client that spun for ever would burn a core (on a loaded
+ * 2-core machine, the daemon's). The CPU time is the judge; the state letters
+ * are printed only: kvc_generate_text() wakes every 200 ms to look at its
+ * cancel flag and spins its 1 ms window then, and on a loaded machine a
+ * sample can catch it R, waiting for a core, without it spinning.
  */
 static void test_kvctl_poll_sleeps(void **state)
 {
@@ -809,22 +812,23 @@ static void test_kvctl_poll_sleeps(void **state)
 	assert_int_equal(wait_output(out, pid), 0);
 	assert_int_equal(kill(D.pid, SIGSTOP), 0);
 
-	char st;
+	enum { SAMPLES = 20 };
+	char st, states[SAMPLES + 1] = "";
 	long long t0 = 0, t1 = 0;
-	int sleeping = 0, samples = 20, bad = 0;
+	int bad = 0;
 	kp_sleep_ms(100);	/* past any window */
 	bad |= kp_proc_stat(pid, &st, &t0) != 0;
 	int64_t w0 = kp_now_ms();
-	for (int i = 0; i < samples && !bad; i++) {
+	for (int i = 0; i < SAMPLES && !bad; i++) {
 		kp_sleep_ms(100);
 		bad |= kp_proc_stat(pid, &st, &t1) != 0;
-		sleeping += st == 'S';
+		states[i] = st;
 	}
 	int64_t wall_ms = kp_now_ms() - w0;
 	long hz = sysconf(_SC_CLK_TCK);
 	double cpu_ms = (double)(t1 - t0) * 1000.0 / (double)hz;
-	print_message("  --poll client, daemon stopped: %.0f ms CPU in %lld ms, asleep in %d/%d samples\n",
-		      cpu_ms, (long long)wall_ms, sleeping, samples);
+	print_message("  --poll client, daemon stopped: %.0f ms CPU in %lld ms, states %s\n",
+		      cpu_ms, (long long)wall_ms, states);
 	kill(D.pid, SIGCONT);
 	kill(pid, SIGINT);
 	struct run r;
@@ -832,7 +836,6 @@ static void test_kvctl_poll_sleeps(void **state)
 	assert_int_equal(r.status, 0);
 	run_free(&r);
 	assert_int_equal(bad, 0);
-	assert_true(sleeping >= samples * 3 / 4);
 	assert_true(cpu_ms < (double)wall_ms / 4);
 }
 
