@@ -694,6 +694,66 @@ static void test_qgemm(void **state)
 	printf("repacked kernels checked: %d (type, isa) pairs\n", checked);
 }
 
+/*
+ * The 16-row kernels over a pair of groups (rp_pack_pair()): 1..16 weight
+ * rows (the second group empty or partial), every activation count, the
+ * output stride respected (column 16 untouched); bitwise the portable
+ * result. The pair is packed into bytes that held garbage: padding is written.
+ */
+static void test_qgemm16(void **state)
+{
+	(void)state;
+	enum { OS = 17, W = 2 * RP_ROWS };
+	struct blk_q8x xq[DOT_MAX_NR][DOT_COLS / QK];
+	float x[DOT_COLS];
+	const size_t nblk = DOT_COLS / QK;
+	int checked = 0;
+	rng_seed(53);
+	for (int r = 0; r < DOT_MAX_NR; r++) {
+		rand_xrow(x, DOT_COLS, (uint32_t)r + 100);
+		quantize_row_q8x(x, xq[r], DOT_COLS);
+	}
+	for (size_t t = 0; t < N_QTYPES; t++) {
+		uint32_t type = qtypes[t];
+		qgemm_fn fn = dot_select_gemm_isa(type, "avx512");
+		if (!fn)
+			continue;
+		size_t rb = row_bytes_of(type, DOT_COLS), pair = 2 * nblk * rp_blk_bytes(type);
+		uint8_t *rows = malloc(rb * W), *rp = malloc(pair);
+		float base[W][DOT_MAX_NR], out[DOT_MAX_NR * OS];
+		assert_true(rows && rp);
+		for (int i = 0; i < W; i++) {
+			rand_wrow(type, rows + i * rb, DOT_COLS);
+			for (int r = 0; r < DOT_MAX_NR; r++)
+				dot_q_generic(type, rows + i * rb, xq[r], nblk, 1, nblk, &base[i][r], 1);
+		}
+		for (uint32_t nw = 1; nw <= W; nw++) {
+			memset(rp, 0xa5, pair);
+			rp_pack_pair(type, rows, rb, nw, nblk, rp);
+			for (int nr = 1; nr <= DOT_MAX_NR; nr++) {
+				for (int i = 0; i < DOT_MAX_NR * OS; i++)
+					out[i] = -7.0f;
+				fn(rp, nblk, xq[0], nblk, nr, out, OS);
+				for (int r = 0; r < DOT_MAX_NR; r++)
+					for (uint32_t i = 0; i < OS; i++) {
+						if (r < nr && i >= nw && i < W)
+							continue;	/* padding lanes: anything */
+						float want = r < nr && i < W ? base[i][r] : -7.0f;
+						if (fbits(out[r * OS + i]) != fbits(want))
+							fail_msg("%s avx512: %u rows, nr %d, xrow %d, wrow %u: %a, want %a",
+								 type_name(type), nw, nr, r, i,
+								 (double)out[r * OS + i], (double)want);
+					}
+			}
+		}
+		checked++;
+		free(rp);
+		free(rows);
+	}
+	printf("16-row kernels checked: %d types%s\n", checked,
+	       checked ? "" : " (this CPU has no AVX512F/BW/VL/VNNI: none run)");
+}
+
 /* ---- 4. backend matmul ---- */
 
 #define MM_COLS 512
@@ -2095,6 +2155,7 @@ int main(void)
 		cmocka_unit_test(test_qdot),
 		cmocka_unit_test(test_quantize_simd),
 		cmocka_unit_test(test_qgemm),
+		cmocka_unit_test(test_qgemm16),
 		cmocka_unit_test(test_matmul_invariance),
 		cmocka_unit_test(test_matmul),
 		cmocka_unit_test(test_rmsnorm),

@@ -58,6 +58,7 @@ struct mm_part {
 	const struct kb_weight *w;
 	float *y;			/* (n, w->rows) */
 	qgemm_fn gemm;			/* over rp, where this CPU has a kernel */
+	qgemm_fn gemm16;		/* two whole groups at once, where it has one */
 	const uint8_t *rp;		/* (ceil(rows / 8), rp_group) repacked rows */
 	size_t rp_group;		/* bytes of eight repacked rows */
 	fdot_fn fdot;
@@ -86,15 +87,29 @@ static void mm_quantize_task(void *ctx, uint32_t t)
 	j->quantize(j->x + (size_t)t * j->cols, j->xq + (size_t)t * j->nblk, j->cols);
 }
 
-/* Task g repacks group g (rows 8g..8g+7) of part j->rp_part. */
+/*
+ * Where a part has 16-row kernels, groups 2p and 2p + 1 are one pair
+ * (rp_pack_pair()) when both are whole; the rest stand alone (rp_pack()).
+ */
+static int mm_paired(const struct mm_part *pt, uint32_t g)
+{
+	return pt->gemm16 && (g / 2 + 1) * 2 * RP_ROWS <= pt->w->rows;
+}
+
+/* Task g repacks group g (rows 8g..8g+7) of part j->rp_part: a pair's first task both groups. */
 static void mm_repack_task(void *ctx, uint32_t g)
 {
 	struct mm_job *j = ctx;
 	uint32_t pi = j->rp_part;
-	const struct kb_weight *w = j->part[pi].w;
+	const struct mm_part *pt = &j->part[pi];
+	const struct kb_weight *w = pt->w;
 	uint32_t r0 = g * RP_ROWS, nr = w->rows - r0 < RP_ROWS ? w->rows - r0 : RP_ROWS;
-	rp_pack(w->type, (const uint8_t *)w->data + (size_t)r0 * w->row_bytes, w->row_bytes, nr,
-		j->nblk, j->rp_dst[pi] + (size_t)g * j->part[pi].rp_group);
+	const uint8_t *src = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
+	uint8_t *dst = j->rp_dst[pi] + (size_t)g * pt->rp_group;
+	if (!mm_paired(pt, g))
+		rp_pack(w->type, src, w->row_bytes, nr, j->nblk, dst);
+	else if (g % 2 == 0)
+		rp_pack_pair(w->type, src, w->row_bytes, 2 * RP_ROWS, j->nblk, dst);
 }
 
 /* Rows r0..r1 (r0 a multiple of 8) of a repacked part for activation rows xt..xt+nr. */
@@ -106,6 +121,12 @@ static void mm_gemm_rows(const struct mm_job *j, const struct mm_part *pt, uint3
 	float *y = pt->y + (size_t)xt * w->rows;
 	for (uint32_t r = r0; r < r1; r += RP_ROWS) {
 		const uint8_t *rp = pt->rp + (size_t)(r / RP_ROWS) * pt->rp_group;
+		if (mm_paired(pt, r / RP_ROWS)) {
+			/* a task's rows are whole sixteens (cpu_matmul_multi()): r starts a pair */
+			pt->gemm16(rp, j->nblk, xq, j->nblk, nr, y + r, w->rows);
+			r += RP_ROWS;
+			continue;
+		}
 		if (r + RP_ROWS <= w->rows) {
 			pt->gemm(rp, j->nblk, xq, j->nblk, nr, y + r, w->rows);
 			continue;
@@ -175,8 +196,9 @@ static int mm_find_repacked(struct cpu_backend *cb, struct mm_job *j, uint32_t p
 		*tmp_off += (bytes + 63) & ~(size_t)63;
 		return 0;
 	}
+	int paired = pt->gemm16 != NULL;
 	if (e->rp && (e->type != w->type || e->rows != w->rows || e->cols != w->cols ||
-		      e->row_bytes != w->row_bytes)) {
+		      e->row_bytes != w->row_bytes || e->paired != paired)) {
 		free(e->rp);
 		e->rp = NULL;
 		e->ready = 0;
@@ -184,6 +206,7 @@ static int mm_find_repacked(struct cpu_backend *cb, struct mm_job *j, uint32_t p
 	if (!e->rp && !(e->rp = aligned_alloc(64, (bytes + 63) & ~(size_t)63)))
 		return -ENOMEM;
 	e->type = w->type, e->rows = w->rows, e->cols = w->cols, e->row_bytes = w->row_bytes;
+	e->paired = paired;
 	pt->rp = e->rp;
 	if (!e->ready) {
 		j->rp_dst[pi] = e->rp;
@@ -260,6 +283,7 @@ static int cpu_matmul_multi(struct backend *b, float *const *y, const struct kb_
 			if (w[i]->cols % QK)
 				return -EINVAL;
 			pt->gemm = dot_select_gemm(w[i]->type, NULL);
+			pt->gemm16 = pt->gemm ? dot_select_gemm16(w[i]->type) : NULL;
 			pt->rp_group = (size_t)(j.cols / QK) * rp_blk_bytes(w[i]->type);
 			if (pt->gemm && (rc = mm_find_repacked(cb, &j, i, &tmp_bytes)))
 				return rc;
@@ -269,11 +293,12 @@ static int cpu_matmul_multi(struct backend *b, float *const *y, const struct kb_
 		}
 		/*
 		 * Enough tasks to balance the threads, few enough to keep overhead
-		 * small; whole eights of rows for the repacked kernels.
+		 * small; whole eights of rows for the repacked kernels (sixteens
+		 * for the 16-row ones).
 		 */
-		uint32_t rpt = (w[i]->rows + nt - 1) / nt;
-		rpt = rpt < 8 ? 8 : rpt > 64 ? 64 : rpt;
-		pt->rows_per_task = (rpt + 7) / 8 * 8;
+		uint32_t rpt = (w[i]->rows + nt - 1) / nt, unit = pt->gemm16 ? 16 : 8;
+		rpt = rpt < unit ? unit : rpt > 64 ? 64 : rpt;
+		pt->rows_per_task = (rpt + unit - 1) / unit * unit;
 		pt->task0 = tasks;
 		tasks += (w[i]->rows + pt->rows_per_task - 1) / pt->rows_per_task *
 			 ((n + MM_X_CHUNK - 1) / MM_X_CHUNK);

@@ -86,10 +86,11 @@ fdot_fn dot_select_f(uint32_t type)
 
 #if defined(__x86_64__)
 qgemm_fn dot_x86_select(uint32_t type, const char *want, const char **isa);
+qgemm_fn dot_x86_select16(uint32_t type, const char *want);
 quantize_fn dot_x86_select_quantize(const char *want);
 #endif
 
-/* KVD_CPU_ISA=generic|avx2|avx512vnni forces a path (for comparisons). */
+/* KVD_CPU_ISA=generic|avx2|avx512vnni|avx512 forces a path (for comparisons). */
 static const char *wanted_isa(void)
 {
 	const char *want = getenv("KVD_CPU_ISA");
@@ -102,6 +103,8 @@ qgemm_fn dot_select_gemm_isa(uint32_t type, const char *want)
 	if (!want || !strcmp(want, "generic"))
 		return NULL;
 #if defined(__x86_64__)
+	if (!strcmp(want, "avx512"))
+		return dot_x86_select16(type, want);
 	return dot_x86_select(type, want, &isa);
 #else
 	(void)type;
@@ -124,6 +127,16 @@ qgemm_fn dot_select_gemm(uint32_t type, const char **isa)
 	if (isa)
 		*isa = name;
 	return f;
+}
+
+qgemm_fn dot_select_gemm16(uint32_t type)
+{
+#if defined(__x86_64__)
+	return dot_x86_select16(type, wanted_isa());
+#else
+	(void)type;
+	return NULL;
+#endif
 }
 
 quantize_fn dot_select_quantize(void)

@@ -24,9 +24,11 @@ void dot_q_generic(uint32_t type, const void *row, const struct blk_q8x *x, size
 		   int nr, size_t nblk, float *out, size_t out_stride);
 
 /*
- * Eight weight rows in the repacked layout of kernels/cpu/repack.h (nblk
+ * Weight rows in the repacked layout of kernels/cpu/repack.h (nblk
  * sub-blocks) against nr (<= DOT_MAX_NR) activation rows:
- * out[r * out_stride + i] = row_i . x_r for i < 8, bitwise dot_q_generic().
+ * out[r * out_stride + i] = row_i . x_r, bitwise dot_q_generic(). An 8-row
+ * kernel reads one group (rp_pack()), i < 8; a 16-row one a pair
+ * (rp_pack_pair()), i < 16.
  */
 typedef void (*qgemm_fn)(const void *rp, size_t nblk, const struct blk_q8x *x, size_t x_stride,
 			 int nr, float *out, size_t out_stride);
@@ -37,13 +39,20 @@ typedef void (*fdot_fn)(const void *row, const float *x, size_t x_stride, int nr
 
 fdot_fn dot_select_f(uint32_t type);
 /*
- * The repacked kernel of the best instruction set this CPU runs (or the one
- * KVD_CPU_ISA names: generic, avx2, avx512vnni), or NULL where there is none
- * (the portable path: dot_q_generic on the rows as stored). isa, when not
- * NULL, receives the name.
+ * The 8-row repacked kernel of the best instruction set this CPU runs (or
+ * the one KVD_CPU_ISA names: generic, avx2, avx512vnni, avx512), or NULL
+ * where there is none (the portable path: dot_q_generic on the rows as
+ * stored). isa, when not NULL, receives the name.
  */
 qgemm_fn dot_select_gemm(uint32_t type, const char **isa);
-/* A named instruction set's kernel ("avx2", "avx512vnni"), NULL if this CPU lacks it. */
+/*
+ * The 16-row kernel (512-bit vectors, "avx512": AVX512F/BW/VL/VNNI) where
+ * this CPU has one and KVD_CPU_ISA does not name another path, else NULL:
+ * callers use it for pairs of whole groups packed by rp_pack_pair() and
+ * dot_select_gemm()'s for the rest.
+ */
+qgemm_fn dot_select_gemm16(uint32_t type);
+/* A named instruction set's kernel ("avx2", "avx512vnni": 8 rows; "avx512": 16), NULL if this CPU lacks it. */
 qgemm_fn dot_select_gemm_isa(uint32_t type, const char *want);
 
 /* quantize_row_q8x() (kernels/cpu/quant.h), or a SIMD version giving the same blocks. */

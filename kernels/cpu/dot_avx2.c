@@ -4,12 +4,15 @@
 #define SFX avx2
 #define DOT_VNNI 0
 #define GEMM_TILE 4	/* 16 vector registers: eight slices, four accumulators, temporaries */
+#define KW 8
 #include "kernels/cpu/dot_x86_body.h"
 
 #include <string.h>
 
 qgemm_fn dot_x86_select_vnni(uint32_t type);
+qgemm_fn dot_x86_select_avx512(uint32_t type);
 qgemm_fn dot_x86_select(uint32_t type, const char *want, const char **isa);
+qgemm_fn dot_x86_select16(uint32_t type, const char *want);
 
 static int has_avx2(void)
 {
@@ -24,17 +27,34 @@ static int has_vnni(void)
 	       __builtin_cpu_supports("avx512vl");
 }
 
-/* want: NULL for the best this CPU has, or "avx512vnni" / "avx2" (NULL result if unsupported). */
+static int has_avx512(void)
+{
+	return has_vnni() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+}
+
+/*
+ * want: NULL for the best this CPU has, or "avx512vnni" / "avx2" (NULL
+ * result if unsupported); "avx512" takes the avx512vnni kernels for the
+ * groups its 16-row ones leave.
+ */
 qgemm_fn dot_x86_select(uint32_t type, const char *want, const char **isa)
 {
-	if (has_vnni() && (!want || !strcmp(want, "avx512vnni"))) {
-		*isa = "avx512vnni";
+	if (has_vnni() && (!want || !strcmp(want, "avx512vnni") || !strcmp(want, "avx512"))) {
+		*isa = has_avx512() && (!want || !strcmp(want, "avx512")) ? "avx512" : "avx512vnni";
 		return dot_x86_select_vnni(type);
 	}
 	if (has_avx2() && (!want || !strcmp(want, "avx2"))) {
 		*isa = "avx2";
 		return FN(dot_x86_select_)(type);
 	}
+	return NULL;
+}
+
+/* The 16-row kernels: for want NULL or "avx512", where the CPU has them. */
+qgemm_fn dot_x86_select16(uint32_t type, const char *want)
+{
+	if (has_avx512() && (!want || !strcmp(want, "avx512")))
+		return dot_x86_select_avx512(type);
 	return NULL;
 }
 #endif

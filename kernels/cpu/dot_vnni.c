@@ -4,5 +4,6 @@
 #define SFX vnni
 #define DOT_VNNI 1
 #define GEMM_TILE 8	/* 32 vector registers: eight accumulators beside the eight slices */
+#define KW 8
 #include "kernels/cpu/dot_x86_body.h"
 #endif

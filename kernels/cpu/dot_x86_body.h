@@ -1,14 +1,16 @@
 /*
  * dot_x86_body.h — the x86 SIMD kernels over repacked weights, included once
  * per instruction set after a #pragma GCC target, with SFX (name suffix),
- * GEMM_TILE (activation rows kept in registers at once) and DOT_VNNI (1:
+ * GEMM_TILE (activation rows kept in registers at once), DOT_VNNI (1:
  * vpdpbusd sums four u8 x s8 products into int32 lanes; 0: AVX2's
- * maddubs + madd) defined.
+ * maddubs + madd) and KW defined: the weight rows one call serves, 8 (one
+ * repacked group, 256-bit vectors) or 16 (a pair of groups interleaved by
+ * block, rp_pack_pair(), in 512-bit vectors; DOT_VNNI and AVX512BW).
  *
  * Lane i of every vector belongs to weight row i (kernels/cpu/repack.h). Per
  * sub-block the integer sum of all 32 products is formed exactly in int32,
  * then one float fma by dw * dx and one for the min term: the arithmetic of
- * dot_q_generic(), in its order, so both agree bit for bit.
+ * dot_q_generic(), in its order, so all paths agree bit for bit.
  */
 #include <immintrin.h>
 #include <string.h>
@@ -21,20 +23,139 @@
 #define CAT(a, b) CAT_(a, b)
 #define FN(name) CAT(name, SFX)
 
-static inline __m256i FN(bcast_)(const int8_t *p)
+/*
+ * The vector layer: vi/vf hold one int32/float (or four bytes) per weight
+ * row; the loads take a repacked block's bytes at p and, for KW 16, the
+ * second group's block's at p + gs.
+ */
+#if KW == 8
+typedef __m256i vi;
+typedef __m256 vf;
+#define V_AND _mm256_and_si256
+#define V_OR _mm256_or_si256
+#define V_ADD32 _mm256_add_epi32
+#define V_SUB32 _mm256_sub_epi32
+#define V_MUL32 _mm256_mullo_epi32
+#define V_SRL16 _mm256_srli_epi16
+#define V_SLL16 _mm256_slli_epi16
+#define V_SLL32 _mm256_slli_epi32
+#define V_ABS8 _mm256_abs_epi8
+#define V_MADD16 _mm256_madd_epi16
+#define V_SET8 _mm256_set1_epi8
+#define V_SET32 _mm256_set1_epi32
+#define V_ZERO _mm256_setzero_si256
+#define V_DPBUSD _mm256_dpbusd_epi32
+#define F_ZERO _mm256_setzero_ps
+#define F_SET _mm256_set1_ps
+#define F_CVT _mm256_cvtepi32_ps
+#define F_MUL _mm256_mul_ps
+#define F_XOR _mm256_xor_ps
+#define F_FMA _mm256_fmadd_ps
+#define F_STORE _mm256_storeu_ps
+static inline vi FN(ld_)(const uint8_t *p, size_t gs)
+{
+	(void)gs;
+	return _mm256_loadu_si256((const __m256i *)p);
+}
+static inline vf FN(ld_f16_)(const uint8_t *p, size_t gs)
+{
+	(void)gs;
+	return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+static inline vi FN(ld_s8_)(const uint8_t *p, size_t gs)
+{
+	(void)gs;
+	return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
+}
+static inline vi FN(ld_u8_)(const uint8_t *p, size_t gs)
+{
+	(void)gs;
+	return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+}
+/* IQ4's 16-entry table in every 128-bit lane */
+static inline vi FN(iq4_tbl_)(void)
+{
+	return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)iq4nl_values));
+}
+#define V_SHUF8 _mm256_shuffle_epi8
+/* x times the sign of w (0 where w is 0) */
+#define V_SIGN8(x, w) _mm256_sign_epi8(x, w)
+#elif KW == 16
+typedef __m512i vi;
+typedef __m512 vf;
+#define V_AND _mm512_and_si512
+#define V_OR _mm512_or_si512
+#define V_ADD32 _mm512_add_epi32
+#define V_SUB32 _mm512_sub_epi32
+#define V_MUL32 _mm512_mullo_epi32
+#define V_SRL16 _mm512_srli_epi16
+#define V_SLL16 _mm512_slli_epi16
+#define V_SLL32 _mm512_slli_epi32
+#define V_ABS8 _mm512_abs_epi8
+#define V_MADD16 _mm512_madd_epi16
+#define V_SET8 _mm512_set1_epi8
+#define V_SET32 _mm512_set1_epi32
+#define V_ZERO _mm512_setzero_si512
+#define V_DPBUSD _mm512_dpbusd_epi32
+#define F_ZERO _mm512_setzero_ps
+#define F_SET _mm512_set1_ps
+#define F_CVT _mm512_cvtepi32_ps
+#define F_MUL _mm512_mul_ps
+#define F_XOR(a, b) _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(a), _mm512_castps_si512(b)))
+#define F_FMA _mm512_fmadd_ps
+#define F_STORE _mm512_storeu_ps
+static inline vi FN(ld_)(const uint8_t *p, size_t gs)
+{
+	return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p)),
+				  _mm256_loadu_si256((const __m256i *)(p + gs)), 1);
+}
+static inline __m128i FN(ld_2x8_)(const uint8_t *p, size_t gs)
+{
+	return _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)p),
+				  _mm_loadl_epi64((const __m128i *)(p + gs)));
+}
+static inline vf FN(ld_f16_)(const uint8_t *p, size_t gs)
+{
+	return _mm512_cvtph_ps(_mm256_inserti128_si256(
+		_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p)),
+		_mm_loadu_si128((const __m128i *)(p + gs)), 1));
+}
+static inline vi FN(ld_s8_)(const uint8_t *p, size_t gs)
+{
+	return _mm512_cvtepi8_epi32(FN(ld_2x8_)(p, gs));
+}
+static inline vi FN(ld_u8_)(const uint8_t *p, size_t gs)
+{
+	return _mm512_cvtepu8_epi32(FN(ld_2x8_)(p, gs));
+}
+static inline vi FN(iq4_tbl_)(void)
+{
+	return _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)iq4nl_values));
+}
+#define V_SHUF8 _mm512_shuffle_epi8
+/* |x| = |q| <= 127: negating where w < 0 cannot overflow; where w is 0 its magnitude u is 0 */
+#define V_SIGN8(x, w) _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), _mm512_setzero_si512(), x)
+#else
+#error "KW must be 8 or 16"
+#endif
+#if KW == 16 && !DOT_VNNI
+#error "the 16-row kernels use vpdpbusd"
+#endif
+
+static inline vi FN(bcast_)(const int8_t *p)
 {
 	int32_t v;
 	memcpy(&v, p, sizeof(v));
-	return _mm256_set1_epi32(v);
+	return V_SET32(v);
 }
 
 /* sum over g of the four u[g] x s products of each lane, for 4-bit u (no int16 overflow: 8 * 2 * 15 * 127 < 2^15). */
-static inline __m256i FN(sum_nib_)(const __m256i u[8], const int8_t *q)
+static inline vi FN(sum_nib_)(const vi u[8], const int8_t *q)
 {
 #if DOT_VNNI
-	__m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u[0], FN(bcast_)(q));
+	vi s = V_DPBUSD(V_ZERO(), u[0], FN(bcast_)(q));
 	for (int g = 1; g < 8; g++)
-		s = _mm256_dpbusd_epi32(s, u[g], FN(bcast_)(q + 4 * g));
+		s = V_DPBUSD(s, u[g], FN(bcast_)(q + 4 * g));
 	return s;
 #else
 	__m256i h = _mm256_maddubs_epi16(u[0], FN(bcast_)(q));
@@ -45,12 +166,12 @@ static inline __m256i FN(sum_nib_)(const __m256i u[8], const int8_t *q)
 }
 
 /* sum over four groups g of u[g] x s, for unsigned bytes below 32 (rp_is_u8()). */
-static inline __m256i FN(sum_u8x4_)(const __m256i u[4], const int8_t *q)
+static inline vi FN(sum_u8x4_)(const vi u[4], const int8_t *q)
 {
 #if DOT_VNNI
-	__m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u[0], FN(bcast_)(q));
+	vi s = V_DPBUSD(V_ZERO(), u[0], FN(bcast_)(q));
 	for (int g = 1; g < 4; g++)
-		s = _mm256_dpbusd_epi32(s, u[g], FN(bcast_)(q + 4 * g));
+		s = V_DPBUSD(s, u[g], FN(bcast_)(q + 4 * g));
 	return s;
 #else
 	__m256i h = _mm256_maddubs_epi16(u[0], FN(bcast_)(q));
@@ -61,11 +182,11 @@ static inline __m256i FN(sum_u8x4_)(const __m256i u[4], const int8_t *q)
 }
 
 /* Four products of signed weight bytes w (magnitudes u) and activation bytes q, added to s. */
-static inline __m256i FN(dot_s8_)(__m256i s, __m256i u, __m256i w, const int8_t *q)
+static inline vi FN(dot_s8_)(vi s, vi u, vi w, const int8_t *q)
 {
-	__m256i x = _mm256_sign_epi8(FN(bcast_)(q), w);
+	vi x = V_SIGN8(FN(bcast_)(q), w);
 #if DOT_VNNI
-	return _mm256_dpbusd_epi32(s, u, x);
+	return V_DPBUSD(s, u, x);
 #else
 	/* |w| <= 128, |q| <= 127: each pair stays below 2^15 */
 	return _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x),
@@ -75,34 +196,34 @@ static inline __m256i FN(dot_s8_)(__m256i s, __m256i u, __m256i w, const int8_t 
 
 /* The per-row factors of one repacked block: dw, the min coefficient mw, the integer scales and mins. */
 struct FN(hdr_) {
-	__m256 dw, mw;
-	__m256i ls0, ls1, lm0;	/* lm0: Q2_K's two mins, int16 pairs */
+	vf dw, mw;
+	vi ls0, ls1, lm0;	/* lm0: Q2_K's two mins, int16 pairs */
 };
 
-static inline __attribute__((always_inline)) void FN(load_hdr_)(const uint8_t *b, struct FN(hdr_) *h,
-								 const uint32_t T)
+static inline __attribute__((always_inline)) void FN(load_hdr_)(const uint8_t *b, size_t gs,
+								 struct FN(hdr_) *h, const uint32_t T)
 {
-	const __m256 neg = _mm256_set1_ps(-0.0f);
-	h->dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b));
-	h->mw = _mm256_setzero_ps();
-	h->ls0 = h->ls1 = h->lm0 = _mm256_setzero_si256();
+	const vf neg = F_SET(-0.0f);
+	h->dw = FN(ld_f16_)(b, gs);
+	h->mw = F_ZERO();
+	h->ls0 = h->ls1 = h->lm0 = V_ZERO();
 	if (rp_is_k(T)) {
-		h->ls0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + RP_OFF_LS)));
-		h->ls1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + RP_OFF_LS + 8)));
+		h->ls0 = FN(ld_s8_)(b + RP_OFF_LS, gs);
+		h->ls1 = FN(ld_s8_)(b + RP_OFF_LS + 8, gs);
 	}
 	if (T == KB_Q4_1 || T == KB_Q5_1)
-		h->mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + RP_OFF_M)));
+		h->mw = FN(ld_f16_)(b + RP_OFF_M, gs);
 	if (T == KB_Q4_K || T == KB_Q5_K) {
 		/* -(dmin * m): the product dot_q_generic() forms, then negated */
-		__m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + RP_OFF_M)));
-		h->mw = _mm256_xor_ps(_mm256_mul_ps(dmin, _mm256_cvtepi32_ps(h->ls1)), neg);
+		vf dmin = FN(ld_f16_)(b + RP_OFF_M, gs);
+		h->mw = F_XOR(F_MUL(dmin, F_CVT(h->ls1)), neg);
 	}
 	if (T == KB_Q2_K) {
-		h->mw = _mm256_xor_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + RP_OFF_M))), neg);
+		h->mw = F_XOR(FN(ld_f16_)(b + RP_OFF_M, gs), neg);
 		/* lane i: (lm0, lm1) as two int16, for one madd with (qsum16[0], qsum16[1]) */
-		__m256i m0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b + RP_OFF_LM)));
-		__m256i m1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b + RP_OFF_LM + 8)));
-		h->lm0 = _mm256_or_si256(m0, _mm256_slli_epi32(m1, 16));
+		vi m0 = FN(ld_u8_)(b + RP_OFF_LM, gs);
+		vi m1 = FN(ld_u8_)(b + RP_OFF_LM + 8, gs);
+		h->lm0 = V_OR(m0, V_SLL32(m1, 16));
 	}
 }
 
@@ -111,88 +232,87 @@ static inline __attribute__((always_inline)) void FN(load_hdr_)(const uint8_t *b
  * u[g] unsigned (the magnitudes, for signed types), w[g] the signed values
  * of Q8_0, Q6_K and the IQ4 types (unset for the others).
  */
-static inline __attribute__((always_inline)) void FN(load_q_)(const uint8_t *q, __m256i u[8],
-							       __m256i w[8], const uint32_t T)
+static inline __attribute__((always_inline)) void FN(load_q_)(const uint8_t *q, size_t gs, vi u[8],
+							       vi w[8], const uint32_t T)
 {
 	if (rp_is_nib(T)) {
-		const __m256i m4 = _mm256_set1_epi8(0xf);
+		const vi m4 = V_SET8(0xf);
 		for (int c = 0; c < 4; c++) {
-			__m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * c));
-			u[c] = _mm256_and_si256(v, m4);
-			u[c + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+			vi v = FN(ld_)(q + 32 * c, gs);
+			u[c] = V_AND(v, m4);
+			u[c + 4] = V_AND(V_SRL16(v, 4), m4);
 		}
 		if (rp_is_5bit(T)) {
 			/* bit g of byte 4i + k to bit 4: a 16-bit shift keeps bits 4 and 12 in their bytes */
-			const __m256i b4 = _mm256_set1_epi8(0x10);
-			__m256i hb = _mm256_loadu_si256((const __m256i *)(q + 128));
+			const vi b4 = V_SET8(0x10);
+			vi hb = FN(ld_)(q + 128, gs);
 			for (int g = 0; g < 8; g++) {
-				__m256i t = g < 4 ? _mm256_slli_epi16(hb, 4 - g) : _mm256_srli_epi16(hb, g - 4);
-				u[g] = _mm256_or_si256(u[g], _mm256_and_si256(t, b4));
+				vi t = g < 4 ? V_SLL16(hb, 4 - g) : V_SRL16(hb, g - 4);
+				u[g] = V_OR(u[g], V_AND(t, b4));
 			}
 		}
 		if (rp_is_iq4(T)) {
-			const __m256i tbl = _mm256_broadcastsi128_si256(
-				_mm_loadu_si128((const __m128i *)iq4nl_values));
+			const vi tbl = FN(iq4_tbl_)();
 			for (int g = 0; g < 8; g++) {
-				w[g] = _mm256_shuffle_epi8(tbl, u[g]);
-				u[g] = _mm256_abs_epi8(w[g]);
+				w[g] = V_SHUF8(tbl, u[g]);
+				u[g] = V_ABS8(w[g]);
 			}
 		}
 	} else {
 		for (int g = 0; g < 8; g++) {
-			w[g] = _mm256_loadu_si256((const __m256i *)(q + 32 * g));
-			u[g] = _mm256_abs_epi8(w[g]);
+			w[g] = FN(ld_)(q + 32 * g, gs);
+			u[g] = V_ABS8(w[g]);
 		}
 	}
 }
 
 /* The exact int32 sub-block sum S of each lane against one activation block. */
-static inline __attribute__((always_inline)) __m256i FN(sub_sum_)(const __m256i u[8], const __m256i w[8],
+static inline __attribute__((always_inline)) vi FN(sub_sum_)(const vi u[8], const vi w[8],
 								  const struct FN(hdr_) *h,
 								  const struct blk_q8x *xb, const uint32_t T)
 {
-	__m256i s;
+	vi s;
 	if (T == KB_Q4_0 || T == KB_Q4_1 || T == KB_Q4_K) {
 		s = FN(sum_nib_)(u, xb->qs);
 		if (T == KB_Q4_0)
-			s = _mm256_sub_epi32(s, _mm256_set1_epi32(8 * xb->qsum));
+			s = V_SUB32(s, V_SET32(8 * xb->qsum));
 		if (T == KB_Q4_K)
-			s = _mm256_mullo_epi32(s, h->ls0);
+			s = V_MUL32(s, h->ls0);
 	} else if (rp_is_u8(T)) {
 		/* the two halves' sums, less the offsets the repacking added */
-		__m256i lo = FN(sum_u8x4_)(u, xb->qs), hi = FN(sum_u8x4_)(u + 4, xb->qs + 16);
+		vi lo = FN(sum_u8x4_)(u, xb->qs), hi = FN(sum_u8x4_)(u + 4, xb->qs + 16);
 		if (T == KB_Q3_K) {
-			lo = _mm256_sub_epi32(lo, _mm256_set1_epi32(4 * xb->qsum16[0]));
-			hi = _mm256_sub_epi32(hi, _mm256_set1_epi32(4 * xb->qsum16[1]));
+			lo = V_SUB32(lo, V_SET32(4 * xb->qsum16[0]));
+			hi = V_SUB32(hi, V_SET32(4 * xb->qsum16[1]));
 		}
 		if (T == KB_Q2_K || T == KB_Q3_K) {
-			s = _mm256_add_epi32(_mm256_mullo_epi32(lo, h->ls0), _mm256_mullo_epi32(hi, h->ls1));
+			s = V_ADD32(V_MUL32(lo, h->ls0), V_MUL32(hi, h->ls1));
 		} else {
-			s = _mm256_add_epi32(lo, hi);
+			s = V_ADD32(lo, hi);
 			if (T == KB_Q5_0)
-				s = _mm256_sub_epi32(s, _mm256_set1_epi32(16 * xb->qsum));
+				s = V_SUB32(s, V_SET32(16 * xb->qsum));
 			if (T == KB_Q5_K)
-				s = _mm256_mullo_epi32(s, h->ls0);
+				s = V_MUL32(s, h->ls0);
 		}
 	} else if (T == KB_Q6_K) {
-		__m256i lo = _mm256_setzero_si256(), hi = lo;
+		vi lo = V_ZERO(), hi = lo;
 		for (int g = 0; g < 4; g++) {
 			lo = FN(dot_s8_)(lo, u[g], w[g], xb->qs + 4 * g);
 			hi = FN(dot_s8_)(hi, u[g + 4], w[g + 4], xb->qs + 16 + 4 * g);
 		}
-		s = _mm256_add_epi32(_mm256_mullo_epi32(lo, h->ls0), _mm256_mullo_epi32(hi, h->ls1));
+		s = V_ADD32(V_MUL32(lo, h->ls0), V_MUL32(hi, h->ls1));
 	} else {
-		s = _mm256_setzero_si256();
+		s = V_ZERO();
 		for (int g = 0; g < 8; g++)
 			s = FN(dot_s8_)(s, u[g], w[g], xb->qs + 4 * g);
 		if (T == KB_IQ4_XS)
-			s = _mm256_mullo_epi32(s, h->ls0);
+			s = V_MUL32(s, h->ls0);
 	}
 	return s;
 }
 
 /*
- * nr (<= GEMM_TILE) activation rows against eight repacked rows; T is the
+ * nr (<= GEMM_TILE) activation rows against KW repacked rows; T is the
  * weight type, a constant after inlining.
  */
 static inline __attribute__((always_inline)) void FN(tile_)(
@@ -200,59 +320,55 @@ static inline __attribute__((always_inline)) void FN(tile_)(
 	float *out, size_t os, const uint32_t T)
 {
 	const size_t bb = rp_blk_bytes(T), hdr = rp_hdr_bytes(T);
-	__m256 acc[GEMM_TILE];
+	const size_t gs = bb;	/* KW 16: rows 8-15 in the block after (rp_pack_pair()) */
+	vf acc[GEMM_TILE];
 	for (int r = 0; r < nr; r++)
-		acc[r] = _mm256_setzero_ps();
+		acc[r] = F_ZERO();
 	for (size_t k = 0; k < nblk; k++) {
-		const uint8_t *b = rp + k * bb;
+		const uint8_t *b = rp + k * bb * (KW / 8);
 		struct FN(hdr_) h;
-		__m256i u[8], w[8];
-		FN(load_hdr_)(b, &h, T);
-		FN(load_q_)(b + hdr, u, w, T);
+		vi u[8], w[8];
+		FN(load_hdr_)(b, gs, &h, T);
+		FN(load_q_)(b + hdr, gs, u, w, T);
 		for (int r = 0; r < nr; r++) {
 			const struct blk_q8x *xb = x + r * xs + k;
-			__m256i s = FN(sub_sum_)(u, w, &h, xb, T);
-			__m256 dx = _mm256_set1_ps(xb->d);
-			acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(h.dw, dx), acc[r]);
+			vi s = FN(sub_sum_)(u, w, &h, xb, T);
+			vf dx = F_SET(xb->d);
+			acc[r] = F_FMA(F_CVT(s), F_MUL(h.dw, dx), acc[r]);
 			if (type_has_min(T))
-				acc[r] = _mm256_fmadd_ps(h.mw, _mm256_set1_ps(xb->s), acc[r]);
+				acc[r] = F_FMA(h.mw, F_SET(xb->s), acc[r]);
 			if (T == KB_Q2_K) {
 				int32_t qs2;
 				memcpy(&qs2, xb->qsum16, sizeof(qs2));
-				__m256i m = _mm256_madd_epi16(h.lm0, _mm256_set1_epi32(qs2));
-				acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m), _mm256_mul_ps(h.mw, dx), acc[r]);
+				vi m = V_MADD16(h.lm0, V_SET32(qs2));
+				acc[r] = F_FMA(F_CVT(m), F_MUL(h.mw, dx), acc[r]);
 			}
 		}
 	}
 	for (int r = 0; r < nr; r++)
-		_mm256_storeu_ps(out + r * os, acc[r]);
+		F_STORE(out + r * os, acc[r]);
 }
 
 /* Whole tiles of GEMM_TILE activation rows, then the rest in one narrower tile: the same per-row arithmetic. */
-#define GEMM_KERNEL(name, T)                                                              \
-	static void FN(name)(const void *rp, size_t nblk, const struct blk_q8x *x, size_t xs, \
-			     int nr, float *out, size_t os)                                 \
-	{                                                                                   \
-		int r = 0;                                                                  \
-		for (; r + GEMM_TILE <= nr; r += GEMM_TILE)                                 \
-			FN(tile_)(rp, nblk, x + r * xs, xs, GEMM_TILE, out + r * os, os, T);\
-		switch (nr - r) {                                                           \
-		case 0: break;                                                              \
-		case 1: FN(tile_)(rp, nblk, x + r * xs, xs, 1, out + r * os, os, T); break; \
-		case 2: FN(tile_)(rp, nblk, x + r * xs, xs, 2, out + r * os, os, T); break; \
-		case 3: FN(tile_)(rp, nblk, x + r * xs, xs, 3, out + r * os, os, T); break; \
-		GEMM_TAIL_CASES(rp, nblk, x + r * xs, xs, out + r * os, os, T)              \
-		}                                                                           \
+#define TILE_CASE(n, T) case n: FN(tile_)(rp, nblk, x + r * xs, xs, n, out + r * os, os, T); break;
+#define GEMM_KERNEL(name, T)                                                                  \
+	static void FN(name)(const void *rp, size_t nblk, const struct blk_q8x *x, size_t xs,   \
+			     int nr, float *out, size_t os)                                     \
+	{                                                                                       \
+		int r = 0;                                                                      \
+		for (; r + GEMM_TILE <= nr; r += GEMM_TILE)                                     \
+			FN(tile_)(rp, nblk, x + r * xs, xs, GEMM_TILE, out + r * os, os, T);    \
+		switch (nr - r) {                                                               \
+		case 0: break;                                                                  \
+		TILE_CASE(1, T) TILE_CASE(2, T) TILE_CASE(3, T)                                 \
+		GEMM_TAIL_CASES(T)                                                              \
+		}                                                                               \
 	}
 
 #if GEMM_TILE > 4
-#define GEMM_TAIL_CASES(rp, nblk, x, xs, out, os, T)                  \
-	case 4: FN(tile_)(rp, nblk, x, xs, 4, out, os, T); break;     \
-	case 5: FN(tile_)(rp, nblk, x, xs, 5, out, os, T); break;     \
-	case 6: FN(tile_)(rp, nblk, x, xs, 6, out, os, T); break;     \
-	default: FN(tile_)(rp, nblk, x, xs, 7, out, os, T); break;
+#define GEMM_TAIL_CASES(T) TILE_CASE(4, T) TILE_CASE(5, T) TILE_CASE(6, T) TILE_CASE(7, T)
 #else
-#define GEMM_TAIL_CASES(rp, nblk, x, xs, out, os, T)
+#define GEMM_TAIL_CASES(T)
 #endif
 
 GEMM_KERNEL(gemm_q4_0_, KB_Q4_0)

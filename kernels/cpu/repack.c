@@ -94,14 +94,14 @@ static void pack_lane(uint32_t type, uint8_t *blk, int i, const void *row, size_
 			qs[128 + 4 * i + j % 4] |= (uint8_t)((u[j] >> 4) << (j / 4));
 }
 
-void rp_pack(uint32_t type, const void *rows, size_t row_bytes, uint32_t nrows, size_t nblk,
-	     void *dst)
+/* nrows rows into nblk blocks, block k at dst + k * stride (padding lanes zero). */
+static void pack_group(uint32_t type, const void *rows, size_t row_bytes, uint32_t nrows,
+		       size_t nblk, uint8_t *dst, size_t stride)
 {
-	size_t bb = rp_blk_bytes(type);
 	struct wsub w;
-	memset(dst, 0, nblk * bb);
 	for (size_t k = 0; k < nblk; k++) {
-		uint8_t *blk = (uint8_t *)dst + k * bb;
+		uint8_t *blk = dst + k * stride;
+		memset(blk, 0, rp_blk_bytes(type));
 		for (uint32_t i = 0; i < nrows; i++) {
 			const uint8_t *row = (const uint8_t *)rows + i * row_bytes;
 			uint16_t d, m;
@@ -110,6 +110,22 @@ void rp_pack(uint32_t type, const void *rows, size_t row_bytes, uint32_t nrows, 
 			pack_lane(type, blk, (int)i, row, k, &w, d, m);
 		}
 	}
+}
+
+void rp_pack(uint32_t type, const void *rows, size_t row_bytes, uint32_t nrows, size_t nblk,
+	     void *dst)
+{
+	pack_group(type, rows, row_bytes, nrows, nblk, dst, rp_blk_bytes(type));
+}
+
+void rp_pack_pair(uint32_t type, const void *rows, size_t row_bytes, uint32_t nrows, size_t nblk,
+		  void *dst)
+{
+	size_t bb = rp_blk_bytes(type);
+	uint32_t n0 = nrows < RP_ROWS ? nrows : RP_ROWS;
+	pack_group(type, rows, row_bytes, n0, nblk, dst, 2 * bb);
+	pack_group(type, (const uint8_t *)rows + (size_t)RP_ROWS * row_bytes, row_bytes, nrows - n0,
+		   nblk, (uint8_t *)dst + bb, 2 * bb);
 }
 
 /* ---- the cache ---- */

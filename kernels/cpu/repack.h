@@ -76,6 +76,13 @@ static inline size_t rp_blk_bytes(uint32_t type)
 /* Repack nrows (<= 8; the rest are zero) rows of nblk sub-blocks into dst (nblk * rp_blk_bytes). */
 void rp_pack(uint32_t type, const void *rows, size_t row_bytes, uint32_t nrows, size_t nblk,
 	     void *dst);
+/*
+ * Two groups for the 16-row kernels, in the bytes of two (2 * nblk *
+ * rp_blk_bytes), interleaved by block so that the kernel reads one stream:
+ * block k of rows 0-7 at 2k, of rows 8-15 at 2k + 1 (in blocks). nrows <= 16.
+ */
+void rp_pack_pair(uint32_t type, const void *rows, size_t row_bytes, uint32_t nrows, size_t nblk,
+		  void *dst);
 
 /*
  * The buffers import() handed out, and their repacked forms, made on the
@@ -89,6 +96,7 @@ struct rp_ent {
 	uint32_t refs;
 	uint32_t type, rows, cols;	/* of the repacked form, when rp is set */
 	size_t row_bytes;
+	int paired;			/* whole pairs of groups by rp_pack_pair() (16-row kernels) */
 	void *rp;			/* (ceil(rows / 8), cols / 32) repacked blocks, or NULL */
 	int ready;			/* rp holds them (a failed matmul may leave it unfilled) */
 };
