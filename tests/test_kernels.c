@@ -583,7 +583,7 @@ static void test_qdot(void **state)
 			if (!fn)
 				continue;
 			n_simd += t == 0;
-			fn(rp, nblk, xq[0], nblk, DOT_MAX_NR, out, 8);
+			fn(rp, nblk, xq[0], nblk, DOT_MAX_NR, out, 8, 0);
 			for (int r = 0; r < DOT_MAX_NR; r++)
 				for (int i = 0; i < DOT_WROWS; i++)
 					if (fbits(out[r * 8 + i]) != fbits(base[i][r]))
@@ -683,7 +683,7 @@ static void test_qgemm(void **state)
 				for (int nr = 1; nr <= DOT_MAX_NR; nr++) {
 					for (int i = 0; i < DOT_MAX_NR * OS; i++)
 						out[i] = -7.0f;
-					fn(rp, nblk, xq[0], nblk, nr, out, OS);
+					fn(rp, nblk, xq[0], nblk, nr, out, OS, nr % 2);
 					for (int r = 0; r < DOT_MAX_NR; r++)
 						for (uint32_t i = 0; i < OS; i++) {
 							if (r < nr && i >= nw && i < lanes)

@@ -356,7 +356,7 @@ static void test_simd_vs_portable(void **state)
 					rp_pack_pair(type, twice, w.row_bytes, RP_ROWS + rows, NB, rp);
 				for (int nr = 1; nr <= NR; nr++) {
 					memset(got, 0xff, sizeof(got));
-					f(rp, NB, xq, NB, nr, &got[0][0], 2 * RP_ROWS);
+					f(rp, NB, xq, NB, nr, &got[0][0], 2 * RP_ROWS, nr % 2);
 					for (int i = 0; i < nr; i++)
 						for (uint32_t o = 0; o < lanes; o++)
 							if (o % RP_ROWS < rows &&

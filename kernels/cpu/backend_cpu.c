@@ -112,9 +112,13 @@ static void mm_repack_task(void *ctx, uint32_t g)
 		rp_pack_pair(w->type, src, w->row_bytes, 2 * RP_ROWS, j->nblk, dst);
 }
 
-/* Rows r0..r1 (r0 a multiple of 8) of a repacked part for activation rows xt..xt+nr. */
+/*
+ * Rows r0..r1 (r0 a multiple of 8) of a repacked part for activation rows
+ * xt..xt+nr; pf for the first activation rows of a chunk, which read the
+ * weights from memory (the rest find them in cache).
+ */
 static void mm_gemm_rows(const struct mm_job *j, const struct mm_part *pt, uint32_t xt, int nr,
-			 uint32_t r0, uint32_t r1)
+			 uint32_t r0, uint32_t r1, int pf)
 {
 	const struct kb_weight *w = pt->w;
 	const struct blk_q8x *xq = j->xq + (size_t)xt * j->nblk;
@@ -123,16 +127,16 @@ static void mm_gemm_rows(const struct mm_job *j, const struct mm_part *pt, uint3
 		const uint8_t *rp = pt->rp + (size_t)(r / RP_ROWS) * pt->rp_group;
 		if (mm_paired(pt, r / RP_ROWS)) {
 			/* a task's rows are whole sixteens (cpu_matmul_multi()): r starts a pair */
-			pt->gemm16(rp, j->nblk, xq, j->nblk, nr, y + r, w->rows);
+			pt->gemm16(rp, j->nblk, xq, j->nblk, nr, y + r, w->rows, pf);
 			r += RP_ROWS;
 			continue;
 		}
 		if (r + RP_ROWS <= w->rows) {
-			pt->gemm(rp, j->nblk, xq, j->nblk, nr, y + r, w->rows);
+			pt->gemm(rp, j->nblk, xq, j->nblk, nr, y + r, w->rows, pf);
 			continue;
 		}
 		float tmp[DOT_MAX_NR * RP_ROWS];	/* the last, partial group */
-		pt->gemm(rp, j->nblk, xq, j->nblk, nr, tmp, RP_ROWS);
+		pt->gemm(rp, j->nblk, xq, j->nblk, nr, tmp, RP_ROWS, pf);
 		for (int i = 0; i < nr; i++)
 			memcpy(y + (size_t)i * w->rows + r, tmp + i * RP_ROWS,
 			       (w->rows - r) * sizeof(float));
@@ -165,7 +169,7 @@ static void mm_dot_task(void *ctx, uint32_t t)
 		int nr = x1 - xt < DOT_MAX_NR ? (int)(x1 - xt) : DOT_MAX_NR;
 		float *y = pt->y + (size_t)xt * w->rows;
 		if (pt->gemm) {
-			mm_gemm_rows(j, pt, xt, nr, r0, r1);
+			mm_gemm_rows(j, pt, xt, nr, r0, r1, xt == xc * MM_X_CHUNK);
 			continue;
 		}
 		for (uint32_t r = r0; r < r1; r++) {

@@ -28,10 +28,11 @@ void dot_q_generic(uint32_t type, const void *row, const struct blk_q8x *x, size
  * sub-blocks) against nr (<= DOT_MAX_NR) activation rows:
  * out[r * out_stride + i] = row_i . x_r, bitwise dot_q_generic(). An 8-row
  * kernel reads one group (rp_pack()), i < 8; a 16-row one a pair
- * (rp_pack_pair()), i < 16.
+ * (rp_pack_pair()), i < 16. pf: prefetch the weights ahead, for callers
+ * whose weights come from memory rather than cache (results the same).
  */
 typedef void (*qgemm_fn)(const void *rp, size_t nblk, const struct blk_q8x *x, size_t x_stride,
-			 int nr, float *out, size_t out_stride);
+			 int nr, float *out, size_t out_stride, int pf);
 
 /* Float weights (F32/F16/BF16) against float activations, 8 lanes then a fixed tree. */
 typedef void (*fdot_fn)(const void *row, const float *x, size_t x_stride, int nr,
