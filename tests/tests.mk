@@ -36,14 +36,23 @@ VALGRIND_BINS := $(patsubst %,$(B)/tests/test_%,kvpool gguf tokenizer paged kvre
 TEST_SCRIPTS := $(if $(filter 1,$(SANITIZE)),tests/test_http.sh,$(wildcard tests/test_*.sh))
 
 # The plain pass also links the libFuzzer targets (tests/fuzz/fuzz.mk), so
-# that `make fuzz` cannot rot unnoticed.
-.PHONY: test-suites
-test-suites: all $(TEST_BINS) $(FUZZ_REPLAY)
+# that `make fuzz` cannot rot unnoticed. What the suites need is built with
+# TEST_JOBS jobs (all cores: CI calls plain `make test`, and the three
+# builds in it, plain, libFuzzer and ASan, were most of its half hour on
+# two cores when made one file at a time); the suites themselves run one
+# after another.
+TEST_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+.PHONY: test-suites test-build
+test-suites:
+	@$(MAKE) --no-print-directory -j$(TEST_JOBS) test-build
+	@sh tests/run.sh $(TEST_BINS) $(TEST_SCRIPTS)
+	@sh tests/fuzz/replay.sh $(FUZZ_REPLAY)
+
+# The libFuzzer build links objects of the plain one: made after it, not beside it.
+test-build: all $(TEST_BINS) $(FUZZ_REPLAY)
 ifneq ($(SANITIZE),1)
 	@$(MAKE) --no-print-directory fuzz-build-if-able
 endif
-	@sh tests/run.sh $(TEST_BINS) $(TEST_SCRIPTS)
-	@sh tests/fuzz/replay.sh $(FUZZ_REPLAY)
 
 test: test-suites
 ifeq ($(TEST_EXTRA),1)
