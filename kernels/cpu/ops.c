@@ -230,11 +230,13 @@ float *ops_att_scores(size_t n)
 		}
 	}
 	if (n > a->cap) {
-		float *p = realloc(a->buf, n * sizeof(float));
+		/* doubling: decode asks a little more each step, as contexts grow */
+		size_t cap = n > 2 * a->cap ? n : 2 * a->cap;
+		float *p = realloc(a->buf, cap * sizeof(float));
 		if (!p)
 			return NULL;
 		a->buf = p;
-		a->cap = n;
+		a->cap = cap;
 	}
 	return a->buf;
 }
