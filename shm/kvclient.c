@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -208,6 +209,14 @@ void *kvc__map_fd(int fd, size_t len, int prot, int *err)
 	return p;
 }
 
+void kvc__wake(struct kvc_conn *c)
+{
+	uint64_t one = 1;
+	/* an eventfd's counter: a failed write (EAGAIN at 2^64 - 2) already has it readable */
+	if (write(c->wake_fd, &one, sizeof(one)) < 0)
+		return;
+}
+
 void kvc__install_fd(int *slot, int fd)
 {
 	if (*slot >= 0 && dup3(fd, *slot, O_CLOEXEC) >= 0) {
@@ -301,6 +310,12 @@ int kvc_connect(struct kvc_conn **out, const char *path)
 	c->call_fd = -1;
 	c->spin_us = KVC_SPIN_US_DEFAULT;
 	c->reconnect_ms = reconnect_ms_env();
+	c->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (c->wake_fd < 0) {
+		err = -errno;
+		kvc_close(c);
+		return err;
+	}
 	if ((err = kvc__dial(c))) {
 		kvc_close(c);
 		return err;
@@ -327,6 +342,8 @@ void kvc_close(struct kvc_conn *c)
 		close(c->call_fd);
 	if (c->sock >= 0)
 		close(c->sock);
+	if (c->wake_fd >= 0)
+		close(c->wake_fd);
 	free(c->fl);
 	free(c->pend);
 	pthread_mutex_destroy(&c->lock);

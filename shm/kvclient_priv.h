@@ -34,6 +34,7 @@ struct kvc_conn {
 	int			sock;		/* AF_UNIX SOCK_SEQPACKET to the daemon */
 	int			kick_fd;	/* doorbell, client -> daemon; -1 before the first session */
 	int			call_fd;	/* doorbell, daemon -> client */
+	int			wake_fd;	/* eventfd: a reconnect posted CQEs (kvc__wake()) */
 	uint32_t		seq;		/* of the last control request */
 	unsigned int		spin_us;
 	struct kvd_hello_rep	info;
@@ -108,6 +109,13 @@ int kvc__map_vocab(struct kvc_conn *c, int fd, size_t len);
 
 /* Free the arena reservations made since kvc_arena_alloc(c, 0, &mark) gave mark. */
 void kvc__arena_release(struct kvc_conn *c, uint32_t mark);
+
+/*
+ * Wake every kvc_wait() of c: a reconnect, in whichever thread, has posted
+ * CQEs that no doorbell announces, or given up. A waiter that had looked
+ * at the CQ just before would otherwise sleep out its timeout.
+ */
+void kvc__wake(struct kvc_conn *c);
 
 /* CLOCK_MONOTONIC in ns. */
 uint64_t kvc__now_ns(void);

@@ -407,15 +407,19 @@ int kvc_wait(struct kvc_conn *c, struct kvd_cqe *out, int timeout_ms)
 		int ms = -1;
 		if (deadline != UINT64_MAX)
 			ms = (int)((deadline - t + 999999u) / 1000000u);
-		struct pollfd p[2] = {
+		struct pollfd p[3] = {
 			{ .fd = c->call_fd, .events = POLLIN },
 			{ .fd = c->sock, .events = POLLIN },
+			{ .fd = c->wake_fd, .events = POLLIN },
 		};
-		int n = poll(p, 2, ms);
+		int n = poll(p, 3, ms);
 		err = n < 0 ? -errno : 0;
 		kvc_ack(c);
 		if (err)
 			return err;
+		uint64_t woken;
+		if (p[2].revents && read(c->wake_fd, &woken, sizeof(woken)) < 0 && errno != EAGAIN)
+			return -errno;
 		if (p[0].revents & (POLLERR | POLLNVAL))
 			return -EIO;
 		if (p[1].revents && (err = wait_sock(c, out, gen)) != 1)

@@ -470,6 +470,7 @@ static int reconnect(struct kvc_conn *c, uint64_t deadline, int once)
 		__atomic_store_n(&c->gen, c->gen + 1, __ATOMIC_RELAXED);
 		c->gone = 0;
 	}
+	kvc__wake(c);	/* settled CQEs to take, or an error to see */
 	return err;
 }
 

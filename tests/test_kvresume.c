@@ -25,6 +25,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 #include "shm/kvclient.h"
+#include "tests/lib/wait.h"
 
 #define SQ	8
 #define CQ	16
@@ -651,7 +652,8 @@ static void *race_crash(void *arg)
  * both may run the reconnect (the consumer sees the hang-up, the
  * submitter a refused kick). The fake consumes SQEs and completes none:
  * every request gets exactly one final CQE, -ERESTART, from one reconnect
- * or another, and the in-flight table grows past the SQ's size.
+ * or another, and the in-flight table grows past the SQ's size; no wait
+ * sleeps through a reconnect that settled its requests.
  */
 static void test_two_threads(void **state)
 {
@@ -668,9 +670,12 @@ static void test_two_threads(void **state)
 	assert_int_equal(pthread_create(&sub, NULL, race_submit, &r), 0);
 	assert_int_equal(pthread_create(&crash, NULL, race_crash, &r), 0);
 	int got = 0, bad = 0;
+	int64_t longest = 0;
 	while (got < RACE_N) {
 		struct kvd_cqe e;
+		int64_t t0 = kw_now_ms();
 		int err = kvc_wait(r.c, &e, WAIT_MS);
+		longest = kw_now_ms() - t0 > longest ? kw_now_ms() - t0 : longest;
 		if (err) {
 			print_message("  kvc_wait: %s after %d CQEs\n", kvc_strerror(err), got);
 			break;
@@ -681,8 +686,16 @@ static void test_two_threads(void **state)
 	}
 	pthread_join(sub, NULL);
 	pthread_join(crash, NULL);
-	print_message("  %d CQEs, %d wrong, %d connections\n", got, bad, f->conns);
+	print_message("  %d CQEs, %d wrong, %d connections; longest kvc_wait() %lld ms\n", got, bad,
+		      f->conns, (long long)longest);
 	assert_int_equal(r.errors, 0);
+	/*
+	 * A reconnect by the submitter settles the consumer's requests while it
+	 * may be asleep in poll(): it must be woken (kvc__wake()), not left to
+	 * sleep out its timeout with the CQEs there (it did, in about a third
+	 * of runs). Half the timeout is no speed limit: a wake takes a moment.
+	 */
+	assert_true(longest < WAIT_MS / 2);
 	assert_int_equal(got, RACE_N);
 	assert_int_equal(bad, 0);
 	kvc_close(r.c);
