@@ -20,6 +20,7 @@
 #include "kernels/cpu/backend_cpu.h"
 #include "kernels/cpu/dot.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/ops_avx2.h"
 #include "kernels/cpu/quant.h"
 #include "kernels/cpu/repack.h"
 #include "kernels/cpu/threadpool.h"
@@ -1491,23 +1492,36 @@ static double at_check_head(const float *qh, const float *oh, const double *kd,
 	return worst;
 }
 
+typedef int (*att_heads_fn)(float *out, const float *q, const struct kb_kv_view *kv, uint32_t pos,
+			    uint32_t kvh0, uint32_t nkv, const struct kb_attn_shape *sh);
+
 /*
- * The SIMD attention kernel against the portable one, bit for bit: every
+ * The SIMD attention kernels against the portable one, bit for bit: every
  * position count from 1 to 100 (whole and partial blocks of eight and runs
  * of 32), head sizes of 64 and 80 (whole and partial 64-element chunks), an
  * f16 and an f32 cache in 16-token blocks in a scrambled order, head groups
- * of 1 and 3, one kv head at a time and all at once.
+ * of 1 to 5 (the AVX-512 kernel takes three heads a pass: 4 and 5 leave one
+ * and two), one kv head at a time and all at once; ops_attention_heads()
+ * and each instruction set's kernel this CPU runs.
  */
 static void test_attention_paths(void **state)
 {
 	(void)state;
-	enum { MAXHD = 80, KVH = 2, CTX = 112, BT = 16, NB = CTX / BT };
+	enum { MAXHD = 80, KVH = 2, CTX = 112, BT = 16, NB = CTX / BT, MAXG = 5 };
 	static const uint32_t table[NB] = { 5, 2, 6, 0, 3, 1, 4 };
 	static float k[CTX * KVH * MAXHD], v[CTX * KVH * MAXHD];
-	float q[KVH * 3 * MAXHD], a[KVH * 3 * MAXHD], b[3 * MAXHD];
+	float q[KVH * MAXG * MAXHD], a[KVH * MAXG * MAXHD], b[MAXG * MAXHD];
 	uint32_t pos[CTX];
 	struct backend *be;
 	int compared = 0;
+	struct { const char *name; att_heads_fn fn; } kern[3] = { { "ops_attention_heads", ops_attention_heads } };
+	int n_kern = 1;
+#if defined(__x86_64__)
+	if (ops_have_avx2())
+		kern[n_kern++] = (typeof(kern[0])){ "avx2", ops_attention_heads_avx2 };
+	if (ops_have_avx512())
+		kern[n_kern++] = (typeof(kern[0])){ "avx512", ops_attention_heads_avx512 };
+#endif
 	assert_int_equal(backend_cpu_create(&be, 1), 0);
 	rng_seed(67);
 	for (uint32_t p = 0; p < CTX; p++)
@@ -1526,30 +1540,32 @@ static void test_attention_paths(void **state)
 					 .v_off = BT * row, .row_bytes = row, .type = type };
 		assert_non_null(cache);
 		assert_int_equal(backend_cpu_write_kv(be, &kv, pos, CTX, KVH * hd, k, v), 0);
-		for (uint32_t group = 1; group <= 3; group += 2) {
+		for (uint32_t group = 1; group <= MAXG; group++) {
 			struct kb_attn_shape sh = { .n_heads = group * KVH, .n_kv_heads = KVH,
 						    .head_dim = hd, .scale = 0.125f };
 			const uint32_t per = group * hd;
 			for (uint32_t p = 0; p < 100; p++) {
 				for (uint32_t i = 0; i < KVH * per; i++)
 					q[i] = rng_f(-3.0f, 3.0f);
-				assert_int_equal(ops_attention_heads(a, q, &kv, p, 0, KVH, &sh), 0);
-				for (uint32_t h = 0; h < KVH; h++) {
-					assert_int_equal(ops_attention_group_c(b, q + h * per, &kv, p, h, &sh), 0);
-					for (int one = 0; one < 2; one++) {
-						float g[3 * MAXHD];
-						const float *x = a + h * per;
-						if (one) {
-							assert_int_equal(ops_attention_heads(g, q + h * per, &kv, p, h, 1, &sh), 0);
-							x = g;
+				for (int f = 0; f < n_kern; f++) {
+					assert_int_equal(kern[f].fn(a, q, &kv, p, 0, KVH, &sh), 0);
+					for (uint32_t h = 0; h < KVH; h++) {
+						assert_int_equal(ops_attention_group_c(b, q + h * per, &kv, p, h, &sh), 0);
+						for (int one = 0; one < 2; one++) {
+							float g[MAXG * MAXHD];
+							const float *x = a + h * per;
+							if (one) {
+								assert_int_equal(kern[f].fn(g, q + h * per, &kv, p, h, 1, &sh), 0);
+								x = g;
+							}
+							for (uint32_t i = 0; i < per; i++)
+								if (fbits(x[i]) != fbits(b[i]))
+									fail_msg("%s: %s cache, head size %u, group %u, pos %u, kv head %u%s, element %u: %a, portable %a",
+										 kern[f].name, c & 2 ? "f32" : "f16", hd,
+										 group, p, h, one ? " alone" : "", i,
+										 (double)x[i], (double)b[i]);
+							compared++;
 						}
-						for (uint32_t i = 0; i < per; i++)
-							if (fbits(x[i]) != fbits(b[i]))
-								fail_msg("%s cache, head size %u, group %u, pos %u, kv head %u%s, element %u: %a, portable %a",
-									 c & 2 ? "f32" : "f16", hd, group, p, h,
-									 one ? " alone" : "", i, (double)x[i],
-									 (double)b[i]);
-						compared++;
 					}
 				}
 			}
@@ -1557,7 +1573,10 @@ static void test_attention_paths(void **state)
 		free(cache);
 	}
 	be->ops->destroy(be);
-	printf("attention: %d results identical to the portable kernel\n", compared);
+	printf("attention: %d results identical to the portable kernel (%d kernels:", compared, n_kern);
+	for (int f = 0; f < n_kern; f++)
+		printf(" %s", kern[f].name);
+	printf(")\n");
 }
 
 static void test_attention(void **state)

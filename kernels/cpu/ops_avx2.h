@@ -1,4 +1,4 @@
-/* ops_avx2.h — the AVX2/FMA/F16C row kernels (ops_avx2.c) that ops.c dispatches to; x86-64 only. */
+/* ops_avx2.h — the AVX2/FMA/F16C row kernels (ops_avx2.c, ops_avx512.c) that ops.c dispatches to; x86-64 only. */
 #ifndef KVD_CPU_OPS_AVX2_H
 #define KVD_CPU_OPS_AVX2_H
 
@@ -14,5 +14,14 @@ int ops_swiglu_row_avx2(float *out, const float *gate, const float *up, uint32_t
 int ops_attention_heads_avx2(float *out, const float *q, const struct kb_kv_view *kv,
 			     uint32_t pos, uint32_t kvh0, uint32_t nkv,
 			     const struct kb_attn_shape *sh);
+/*
+ * Whether this CPU has AVX-512F/VL as well (asked once), and KVD_CPU_ISA
+ * is unset or "avx512"; then ops_attention_heads_avx512(), the same
+ * results with three query heads a pass (kernels/cpu/ops_avx512.c).
+ */
+int ops_have_avx512(void);
+int ops_attention_heads_avx512(float *out, const float *q, const struct kb_kv_view *kv,
+			       uint32_t pos, uint32_t kvh0, uint32_t nkv,
+			       const struct kb_attn_shape *sh);
 #endif
 #endif
