@@ -675,7 +675,8 @@ static void test_two_threads(void **state)
 		struct kvd_cqe e;
 		int64_t t0 = kw_now_ms();
 		int err = kvc_wait(r.c, &e, WAIT_MS);
-		longest = kw_now_ms() - t0 > longest ? kw_now_ms() - t0 : longest;
+		int64_t took = kw_now_ms() - t0;
+		longest = took > longest ? took : longest;
 		if (err) {
 			print_message("  kvc_wait: %s after %d CQEs\n", kvc_strerror(err), got);
 			break;
