@@ -37,10 +37,9 @@ TEST_SCRIPTS := $(if $(filter 1,$(SANITIZE)),tests/test_http.sh,$(wildcard tests
 
 # The plain pass also links the libFuzzer targets (tests/fuzz/fuzz.mk), so
 # that `make fuzz` cannot rot unnoticed. What the suites need is built with
-# TEST_JOBS jobs (all cores: CI calls plain `make test`, and the three
-# builds in it, plain, libFuzzer and ASan, were most of its half hour on
-# two cores when made one file at a time); the suites themselves run one
-# after another.
+# TEST_JOBS jobs (all cores: CI calls plain `make test`, whose three
+# builds, plain, libFuzzer and ASan, took over four minutes on two cores
+# made one file at a time); the suites themselves run one after another.
 TEST_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 .PHONY: test-suites test-build
 test-suites:

@@ -90,8 +90,7 @@ qgemm_fn dot_x86_select16(uint32_t type, const char *want);
 quantize_fn dot_x86_select_quantize(const char *want);
 #endif
 
-/* KVD_CPU_ISA=generic|avx2|avx512vnni|avx512 forces a path (for comparisons). */
-static const char *wanted_isa(void)
+const char *dot_wanted_isa(void)
 {
 	const char *want = getenv("KVD_CPU_ISA");
 	return want && *want ? want : NULL;
@@ -115,7 +114,7 @@ qgemm_fn dot_select_gemm_isa(uint32_t type, const char *want)
 
 qgemm_fn dot_select_gemm(uint32_t type, const char **isa)
 {
-	const char *want = wanted_isa(), *name = "generic";
+	const char *want = dot_wanted_isa(), *name = "generic";
 	qgemm_fn f = NULL;
 #if defined(__x86_64__)
 	if (!want || strcmp(want, "generic"))
@@ -132,7 +131,7 @@ qgemm_fn dot_select_gemm(uint32_t type, const char **isa)
 qgemm_fn dot_select_gemm16(uint32_t type)
 {
 #if defined(__x86_64__)
-	return dot_x86_select16(type, wanted_isa());
+	return dot_x86_select16(type, dot_wanted_isa());
 #else
 	(void)type;
 	return NULL;
@@ -142,7 +141,7 @@ qgemm_fn dot_select_gemm16(uint32_t type)
 quantize_fn dot_select_quantize(void)
 {
 #if defined(__x86_64__)
-	quantize_fn f = dot_x86_select_quantize(wanted_isa());
+	quantize_fn f = dot_x86_select_quantize(dot_wanted_isa());
 	if (f)
 		return f;
 #endif

@@ -56,6 +56,9 @@ qgemm_fn dot_select_gemm16(uint32_t type);
 /* A named instruction set's kernel ("avx2", "avx512vnni": 8 rows; "avx512": 16), NULL if this CPU lacks it. */
 qgemm_fn dot_select_gemm_isa(uint32_t type, const char *want);
 
+/* KVD_CPU_ISA (generic, avx2, avx512vnni, avx512: forces a path, for comparisons), or NULL when unset or empty. */
+const char *dot_wanted_isa(void);
+
 /* quantize_row_q8x() (kernels/cpu/quant.h), or a SIMD version giving the same blocks. */
 typedef void (*quantize_fn)(const float *x, struct blk_q8x *y, size_t n);
 quantize_fn dot_select_quantize(void);

@@ -327,10 +327,12 @@ int ops_attention_heads(float *out, const float *q, const struct kb_kv_view *kv,
 			uint32_t pos, uint32_t kvh0, uint32_t nkv, const struct kb_attn_shape *sh)
 {
 #if defined(__x86_64__)
-	if (kv->type != KB_Q8_0 && sh->head_dim % 8 == 0 && ops_have_avx512())
-		return ops_attention_heads_avx512(out, q, kv, pos, kvh0, nkv, sh);
-	if (kv->type != KB_Q8_0 && sh->head_dim % 8 == 0 && ops_have_avx2())
-		return ops_attention_heads_avx2(out, q, kv, pos, kvh0, nkv, sh);
+	if (kv->type != KB_Q8_0 && sh->head_dim % 8 == 0) {
+		if (ops_have_avx512())
+			return ops_attention_heads_avx512(out, q, kv, pos, kvh0, nkv, sh);
+		if (ops_have_avx2())
+			return ops_attention_heads_avx2(out, q, kv, pos, kvh0, nkv, sh);
+	}
 #endif
 	const size_t per = (size_t)(sh->n_heads / sh->n_kv_heads) * sh->head_dim;
 	for (uint32_t h = 0; h < nkv; h++) {

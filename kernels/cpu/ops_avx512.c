@@ -6,18 +6,18 @@
  */
 #if defined(__x86_64__)
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512vl")
-#include <stdlib.h>
 #include <string.h>
+#include "kernels/cpu/dot.h"
 #include "kernels/cpu/ops_avx2.h"
 
 int ops_have_avx512(void)
 {
 	static int have = -1;
 	if (have < 0) {
-		const char *want = getenv("KVD_CPU_ISA");
+		const char *want = dot_wanted_isa();
 		__builtin_cpu_init();
 		have = ops_have_avx2() && __builtin_cpu_supports("avx512f") &&
-		       __builtin_cpu_supports("avx512vl") && (!want || !*want || !strcmp(want, "avx512"));
+		       __builtin_cpu_supports("avx512vl") && (!want || !strcmp(want, "avx512"));
 	}
 	return have;
 }
