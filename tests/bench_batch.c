@@ -4,6 +4,8 @@
  * 64 steps decode one token for every sequence in one engine_forward() call, as
  * the scheduler's continuous batching does. Without the daemon's IPC and
  * prefill phases, this is the ceiling for tools/bench_serve.sh's decode rate.
+ * Each step's greedy tokens come from engine_argmax(), computed where the
+ * logits are, as a device backend would.
  * Usage: bench_batch [N...]   (KVD_MODEL overrides the model, KVD_BENCH_THREADS the threads;
  * KVD_BENCH_CLOCK=cpu times by process CPU time, steadier on a shared machine with 1 thread)
  */
@@ -54,10 +56,8 @@ static double run_batch(struct engine *e, struct engine_seq *seq, uint32_t n, ui
 	for (uint32_t step = 0; step < steps; step++) {
 		for (uint32_t s = 0; s < n; s++)
 			rows[s] = (struct engine_row){ &seq[s], PROMPT + step, tok[s], 1 };
-		if (engine_forward(e, rows, n, logits))
+		if (engine_forward(e, rows, n, NULL) || engine_argmax(e, tok))
 			return -1;
-		for (uint32_t s = 0; s < n; s++)
-			tok[s] = logits_argmax(logits + (size_t)s * vocab, vocab);
 	}
 	double t1 = clock_s();
 	for (uint32_t s = 0; s < n; s++)

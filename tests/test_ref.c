@@ -828,6 +828,77 @@ static double compare_attention(uint32_t type, uint32_t np, uint32_t window, flo
 }
 
 /*
+ * The CPU backend's argmax (sixteen running maxima, rows across threads)
+ * against the reference's scan, over widths around its block of sixteen
+ * and the vocabulary's, with the maximum planted twice (the earlier wins),
+ * NaNs (never win; in column 0, id 0), infinities, signed zeros and rows
+ * all alike.
+ */
+static void test_cpu_argmax(void **state)
+{
+	(void)state;
+	static const uint32_t dims[] = { 1, 2, 15, 16, 17, 31, 33, 257, 49152 };
+	enum { ROWS = 16 };
+	struct rng r = rng_make(23);
+	for (size_t d = 0; d < sizeof(dims) / sizeof(dims[0]); d++) {
+		const uint32_t dim = dims[d];
+		float *x = malloc((size_t)ROWS * dim * sizeof(float));
+		assert_non_null(x);
+		for (uint32_t i = 0; i < ROWS * dim; i++)
+			x[i] = rng_sym(&r);
+		for (uint32_t k = 0; k < ROWS; k++) {
+			float *row = x + (size_t)k * dim;
+			uint32_t a = rng_below(&r, dim), b = rng_below(&r, dim);
+			switch (k % 8) {
+			case 0:	/* the max twice */
+				row[a] = row[b] = 5.0f;
+				break;
+			case 1:	/* NaN first, and a larger value later */
+				row[0] = NAN;
+				row[b] = 9.0f;
+				break;
+			case 2:	/* NaNs anywhere else */
+				row[a] = NAN;
+				row[b] = -NAN;
+				break;
+			case 3:	/* +inf twice */
+				row[a] = row[b] = INFINITY;
+				break;
+			case 4:	/* everything alike */
+				for (uint32_t i = 0; i < dim; i++)
+					row[i] = -2.0f;
+				break;
+			case 5:	/* -inf and NaN only, but for column 0 */
+				for (uint32_t i = 0; i < dim; i++)
+					row[i] = i % 3 ? -INFINITY : NAN;
+				row[0] = -INFINITY;
+				break;
+			case 6:	/* zeros of both signs as the max */
+				for (uint32_t i = 0; i < dim; i++)
+					row[i] = -fabsf(row[i]) - 1.0f;
+				row[a] = -0.0f;
+				row[b] = 0.0f;
+				break;
+			default:	/* the max in the scalar tail */
+				row[dim - 1] = 7.0f;
+				break;
+			}
+		}
+		uint32_t want[ROWS], got[ROWS];
+		assert_int_equal(REFB->ops->argmax(REFB, want, x, ROWS, dim), 0);
+		assert_int_equal(CPUB->ops->argmax(CPUB, got, x, ROWS, dim), 0);
+		for (uint32_t k = 0; k < ROWS; k++) {
+			if (got[k] != want[k])
+				fail_msg("dim %u row %u: cpu %u, ref %u", dim, k, got[k], want[k]);
+			assert_int_equal(got[k], logits_argmax(x + (size_t)k * dim, dim));
+		}
+		free(x);
+	}
+	uint32_t id;
+	assert_int_equal(CPUB->ops->argmax(CPUB, &id, (const float[]){ 1 }, 1, 0), -EINVAL);
+}
+
+/*
  * An f32 cache: the CPU keeps f32 scores and sums (error ~1e-6). An f16
  * cache: the CPU also rounds Q and the softmax weights to f16, as llama.cpp
  * does, the reference does not: about 2^-11 relative on each, ~1e-3.
@@ -1030,6 +1101,7 @@ int main(void)
 		cmocka_unit_test(test_cpu_rows),
 		cmocka_unit_test(test_cpu_optional),
 		cmocka_unit_test(test_cpu_attention),
+		cmocka_unit_test(test_cpu_argmax),
 		cmocka_unit_test(test_model),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);

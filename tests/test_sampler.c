@@ -109,6 +109,86 @@ static void test_greedy_argmax_and_ties(void **state)
 	sampler_destroy(s);
 }
 
+/* The greedy pick as a plain scan: the first strict improvement on -inf, 0 if none. */
+static uint32_t scan_argmax(const float *l, uint32_t n)
+{
+	uint32_t best = 0, i;
+	float m = -INFINITY;
+
+	for (i = 0; i < n; i++)
+		if (l[i] > m) {
+			m = l[i];
+			best = i;
+		}
+	return best;
+}
+
+/*
+ * Greedy over widths around the sampler's block of sixteen and a real
+ * vocabulary: the maximum planted twice, in the tail, at id 0, NaNs (never
+ * win), all NaN or -inf (id 0), zeros of both signs; each as the scan picks.
+ */
+static void test_greedy_argmax_wide(void **state)
+{
+	static const uint32_t widths[] = { 1, 15, 16, 17, 33, 1000, BIG_VOCAB };
+	struct sampler_params p = params_t(0.0f, 1);
+	float *l = malloc(BIG_VOCAB * sizeof(*l));
+	unsigned w, k;
+	uint32_t i;
+
+	(void)state;
+	assert_non_null(l);
+	for (w = 0; w < sizeof(widths) / sizeof(widths[0]); w++) {
+		const uint32_t n = widths[w];
+		struct sampler *s = make(&p, n);
+
+		for (k = 0; k < 8; k++) {
+			uint32_t a = (k * 7919u + 13) % n, b = (k * 104729u + 5) % n;
+
+			fill_logits(l, n, 100 + k + w);
+			switch (k) {
+			case 0:
+				l[a] = l[b] = 50.0f;
+				break;
+			case 1:
+				l[n - 1] = 60.0f;
+				break;
+			case 2:
+				l[0] = 70.0f;
+				l[a] = NAN;
+				break;
+			case 3:
+				l[a] = NAN;
+				l[b] = 80.0f;
+				l[0] = NAN;
+				break;
+			case 4:
+				for (i = 0; i < n; i++)
+					l[i] = NAN;
+				break;
+			case 5:
+				for (i = 0; i < n; i++)
+					l[i] = i % 2 ? -INFINITY : NAN;
+				break;
+			case 6:
+				for (i = 0; i < n; i++)
+					l[i] = -1.0f - fabsf(l[i]);
+				l[a] = -0.0f;
+				l[b] = 0.0f;
+				break;
+			default:
+				for (i = 0; i < n; i++)
+					l[i] = 3.0f;
+				break;
+			}
+			uint32_t want = scan_argmax(l, n);
+			assert_int_equal(sampler_sample(s, l, NULL, 0), want);
+		}
+		sampler_destroy(s);
+	}
+	free(l);
+}
+
 static void draw_sequence(uint64_t seed, uint32_t top_k, float top_p, uint32_t *out,
 			  unsigned n)
 {
@@ -670,6 +750,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_greedy_argmax_and_ties),
+		cmocka_unit_test(test_greedy_argmax_wide),
 		cmocka_unit_test(test_seed_reproducible),
 		cmocka_unit_test(test_top_k1_is_greedy),
 		cmocka_unit_test(test_frequencies_match_softmax),

@@ -275,20 +275,33 @@ static void sampler_penalize(struct sampler *s, float *logits, const uint32_t *h
 	}
 }
 
-/* Largest logit, lowest id among equals; NaN never wins. Returns 0 if none. */
+/*
+ * Largest logit, lowest id among equals; NaN never wins. Returns 0 if none.
+ * Sixteen running maxima, then the first id holding the largest, so the
+ * loop vectorises (a scan keeping each strict improvement, ~8x slower, was
+ * a tenth of a 16-stream decode step).
+ */
 static uint32_t sampler_argmax(const float *logits, uint32_t vocab, float *max)
 {
-	uint32_t best = 0, i;
-	float m = -INFINITY;
+	enum { L = 16 };
+	float m[L], mx = -INFINITY;
+	uint32_t i = 0;
 
-	for (i = 0; i < vocab; i++) {
-		if (logits[i] > m) {
-			m = logits[i];
-			best = i;
-		}
-	}
-	*max = m;
-	return best;
+	for (int l = 0; l < L; l++)
+		m[l] = -INFINITY;
+	for (; i + L <= vocab; i += L)
+		for (int l = 0; l < L; l++)	/* x > m ? x : m never takes a NaN */
+			m[l] = logits[i + l] > m[l] ? logits[i + l] : m[l];
+	for (int l = 0; l < L; l++)
+		mx = m[l] > mx ? m[l] : mx;
+	for (; i < vocab; i++)
+		mx = logits[i] > mx ? logits[i] : mx;
+	*max = mx;
+	if (!(mx > -INFINITY))
+		return 0;
+	for (i = 0; logits[i] != mx; i++)
+		;
+	return i;
 }
 
 /* Total order for selection: larger x first, then lower id, so ties are stable. */

@@ -323,6 +323,7 @@ static int cpu_matmul(struct backend *b, float *y, const struct kb_weight *w,
 
 struct row_job {
 	float *out;
+	uint32_t *idx;		/* argmax(): each row's */
 	const float *x;
 	const float *y;
 	const float *g;
@@ -705,19 +706,18 @@ static int cpu_add_rmsnorm(struct backend *b, float *out, float *x, const float 
 	return rc ? rc : cpu_rmsnorm(b, out, x, g, n, dim, eps);
 }
 
+static void argmax_task(void *ctx, uint32_t r)
+{
+	struct row_job *j = ctx;
+	j->idx[r] = ops_argmax_row(j->x + (size_t)r * j->dim, j->dim);
+}
+
 static int cpu_argmax(struct backend *b, uint32_t *ids, const float *x, uint32_t n, uint32_t dim)
 {
-	(void)b;
 	if (dim == 0)
 		return -EINVAL;
-	for (uint32_t r = 0; r < n; r++) {
-		const float *row = x + (size_t)r * dim;
-		uint32_t best = 0;
-		for (uint32_t i = 1; i < dim; i++)
-			if (row[i] > row[best])
-				best = i;
-		ids[r] = best;
-	}
+	struct row_job j = { .idx = ids, .x = x, .dim = dim };
+	threadpool_run(CPU(b)->tp, argmax_task, &j, n);
 	return 0;
 }
 

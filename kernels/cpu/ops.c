@@ -98,6 +98,31 @@ void ops_softcap_row(float *x, float cap, uint32_t dim)
  * floating point; this project's does not, so it is written out): the
  * unfused sum moves table entries by an f16 ulp, gates near -2.
  */
+uint32_t ops_argmax_row(const float *x, uint32_t n)
+{
+	enum { L = 16 };
+	const float m0 = x[0];
+	if (m0 != m0)
+		return 0;
+	float m[L];
+	for (int l = 0; l < L; l++)
+		m[l] = m0;
+	uint32_t i = 0;
+	for (; i + L <= n; i += L)
+		for (int l = 0; l < L; l++)	/* x > m ? x : m never takes a NaN */
+			m[l] = x[i + l] > m[l] ? x[i + l] : m[l];
+	float mx = m0;
+	for (int l = 0; l < L; l++)
+		mx = m[l] > mx ? m[l] : mx;
+	for (; i < n; i++)
+		mx = x[i] > mx ? x[i] : mx;
+	if (!(mx > m0))
+		return 0;
+	for (i = 1; x[i] != mx; i++)
+		;
+	return i;
+}
+
 float ops_gelu_f32(float x)
 {
 	return 0.5f * x * (1.0f + tanhf(GELU_S * x * fmaf(GELU_A * x, x, 1.0f)));

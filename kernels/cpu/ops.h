@@ -8,6 +8,14 @@
 /* e^x to ~1 ulp over the f32 range, branch-free so loops over it vectorise. */
 float fast_expf(float x);
 
+/*
+ * The index of the largest of x (n >= 1,) as a scan from x[0] keeping the
+ * first strict improvement finds it: the lowest index wins a tie, a NaN never
+ * wins (x[0] NaN: 0). Sixteen running maxima, then the first index holding
+ * the largest, so the loop vectorises.
+ */
+uint32_t ops_argmax_row(const float *x, uint32_t n);
+
 /* out (dim,) = x / sqrt(mean(x^2) + eps) * g */
 void ops_rmsnorm_row(float *out, const float *x, const float *g, uint32_t dim, float eps);
 /* out (dim,) = silu(gate) * up */
