@@ -132,8 +132,15 @@ static inline __attribute__((always_inline)) __m256 ld8(const uint8_t *r, int k,
 
 /* Positions of V whose rows one pass keeps in L1 while every head sums over them. */
 #define ATT_RUN 32
-/* How many K rows ahead of the scores the prefetches run. */
+/*
+ * How many K rows ahead of the scores the prefetches into L1 run, and those
+ * into L2 (a step's K and V are far more than the last-level cache holds:
+ * each row comes from DRAM). While the scores are formed, each position's
+ * V row is fetched into L2 for the weighted sums (16 streams of decode:
+ * the two about a sixth faster).
+ */
 #define ATT_AHEAD 32
+#define ATT_AHEAD_L2 96
 /*
  * How many positions ahead of a weighted sum the prefetch of a head's V
  * row runs: one run's worth of a DRAM latency. Prefetching a whole run of
@@ -142,14 +149,21 @@ static inline __attribute__((always_inline)) __m256 ld8(const uint8_t *r, int k,
  */
 #define PV_AHEAD 32
 
-/* Every cache line of the bytes bytes at eoff in rows p..p+n-1 (which 0: K, 1: V). */
+/*
+ * Every cache line of the bytes bytes at eoff in rows p..p+n-1 (which 0: K,
+ * 1: V), into L1, or into L2 where l2.
+ */
 static inline void prefetch_rows(const struct kb_kv_view *kv, int which, uint32_t p, uint32_t n,
-				 size_t eoff, size_t bytes)
+				 size_t eoff, size_t bytes, const int l2)
 {
 	for (uint32_t j = 0; j < n; j++) {
 		const char *r = (const char *)kb_kv_row(kv, which, p + j) + eoff;
-		for (size_t b = 0; b < bytes; b += 64)
-			_mm_prefetch(r + b, _MM_HINT_T0);
+		for (size_t b = 0; b < bytes; b += 64) {
+			if (l2)
+				_mm_prefetch(r + b, _MM_HINT_T1);
+			else
+				_mm_prefetch(r + b, _MM_HINT_T0);
+		}
 	}
 }
 
@@ -260,10 +274,13 @@ static inline __attribute__((always_inline)) int attention_heads(
 	}
 	const __m256 scale = _mm256_set1_ps(sc);
 	uint32_t p = 0;
-	prefetch_rows(kv, 0, p0, np < ATT_AHEAD ? np : ATT_AHEAD, eoff, rbytes);
+	prefetch_rows(kv, 0, p0, np < ATT_AHEAD ? np : ATT_AHEAD, eoff, rbytes, 0);
 	for (; p + 8 <= np; p += 8) {
 		if (p + ATT_AHEAD + 8 <= np)
-			prefetch_rows(kv, 0, p0 + p + ATT_AHEAD, 8, eoff, rbytes);
+			prefetch_rows(kv, 0, p0 + p + ATT_AHEAD, 8, eoff, rbytes, 0);
+		if (p + ATT_AHEAD_L2 + 8 <= np)
+			prefetch_rows(kv, 0, p0 + p + ATT_AHEAD_L2, 8, eoff, rbytes, 1);
+		prefetch_rows(kv, 1, p0 + p, 8, eoff, rbytes, 1);
 		const uint8_t *kr[8];
 		for (int j = 0; j < 8; j++)
 			kr[j] = kb_kv_row(kv, 0, p0 + p + j) + eoff;
@@ -290,7 +307,7 @@ static inline __attribute__((always_inline)) int attention_heads(
 	}
 	if (sh->softcap != 0.0f)
 		ops_att_softcap(s, nh * np, sh->softcap, sh->scale);
-	prefetch_rows(kv, 1, p0, np < ATT_RUN ? np : ATT_RUN, eoff, rbytes);
+	prefetch_rows(kv, 1, p0, np < ATT_RUN ? np : ATT_RUN, eoff, rbytes, 0);
 	softmax_rows8(s, nh, np, !f32);
 	memset(out, 0, (size_t)nh * hd * sizeof(float));
 	for (p = 0; p < np; p += ATT_RUN) {
