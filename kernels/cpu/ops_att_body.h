@@ -1,5 +1,6 @@
 /*
- * ops_att_body.h — attention over f16/f32 caches in 256-bit vectors, the
+ * ops_att_body.h — attention over f16/f32 caches in 256-bit vectors (the
+ * weighted sums in 512-bit ones with ATT_ZMM 1), the
  * portable kernel's operations in its order, included after a #pragma GCC
  * target with ATT_G (query heads of one kv head whose scores and weighted
  * sums one pass forms together, converting each K and V row once for all
@@ -130,6 +131,10 @@ static inline __attribute__((always_inline)) __m256 ld8(const uint8_t *r, int k,
 	return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + 16 * k)));
 }
 
+#ifndef ATT_ZMM
+#define ATT_ZMM 0
+#endif
+
 /* Positions of V whose rows one pass keeps in L1 while every head sums over them. */
 #define ATT_RUN 32
 /*
@@ -200,25 +205,51 @@ static inline __attribute__((always_inline)) void qk8(float *s, size_t np, const
  * heads of one kv head, over positions p0+p .. p0+p1-1 (eoff: the bytes
  * before element 0 in a row), in p's order; nv (at most 8) and g are
  * constants after inlining, so o stays in registers and each V row is
- * converted once for all g heads. The row PV_AHEAD positions on is
- * prefetched.
+ * converted once for all g heads; with ATT_ZMM, 64 elements (nv 8) go in
+ * 512-bit vectors, each element's fmas the same. The row PV_AHEAD
+ * positions on is prefetched.
  */
 static inline __attribute__((always_inline)) void pv_sum(float *o, uint32_t hd, const float *w,
 							 size_t np, const struct kb_kv_view *kv,
 							 uint32_t p0, uint32_t p, uint32_t p1, size_t eoff,
 							 const int nv, const int f32, const int g)
 {
+	const size_t esz = f32 ? 4 : 2;
+#if ATT_ZMM
+	if (nv == 8) {	/* in 512-bit vectors, sixteen elements each */
+		__m512 z[ATT_G][4];
+		for (int h = 0; h < g; h++)
+			for (int k = 0; k < 4; k++)
+				z[h][k] = _mm512_loadu_ps(o + (size_t)h * hd + 16 * k);
+		for (; p < p1; p++) {
+			const uint8_t *r = kb_kv_row(kv, 1, p0 + p) + eoff;
+			if (p + PV_AHEAD < np)
+				prefetch_rows(kv, 1, p0 + p + PV_AHEAD, 1, eoff, 64 * esz, 0);
+			__m512 wp[ATT_G];
+			for (int h = 0; h < g; h++)
+				wp[h] = _mm512_set1_ps(w[(size_t)h * np + p]);
+			for (int k = 0; k < 4; k++) {
+				__m512 v = f32 ? _mm512_loadu_ps((const float *)r + 16 * k)
+					       : _mm512_cvtph_ps(_mm256_loadu_si256(
+							 (const __m256i *)(r + 32 * k)));
+				for (int h = 0; h < g; h++)
+					z[h][k] = _mm512_fmadd_ps(wp[h], v, z[h][k]);
+			}
+		}
+		for (int h = 0; h < g; h++)
+			for (int k = 0; k < 4; k++)
+				_mm512_storeu_ps(o + (size_t)h * hd + 16 * k, z[h][k]);
+		return;
+	}
+#endif
 	__m256 a[ATT_G][8];
 	for (int h = 0; h < g; h++)
 		for (int k = 0; k < nv; k++)
 			a[h][k] = _mm256_loadu_ps(o + (size_t)h * hd + 8 * k);
 	for (; p < p1; p++) {
 		const uint8_t *r = kb_kv_row(kv, 1, p0 + p) + eoff;
-		if (p + PV_AHEAD < np) {
-			const char *f = (const char *)kb_kv_row(kv, 1, p0 + p + PV_AHEAD) + eoff;
-			for (int b = 0; b < nv * 8 * (f32 ? 4 : 2); b += 64)
-				_mm_prefetch(f + b, _MM_HINT_T0);
-		}
+		if (p + PV_AHEAD < np)
+			prefetch_rows(kv, 1, p0 + p + PV_AHEAD, 1, eoff, (size_t)nv * 8 * esz, 0);
 		__m256 wp[ATT_G];
 		for (int h = 0; h < g; h++)
 			wp[h] = _mm256_set1_ps(w[(size_t)h * np + p]);
