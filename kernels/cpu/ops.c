@@ -89,15 +89,6 @@ void ops_softcap_row(float *x, float cap, uint32_t dim)
 		x[i] = tanhf(x[i] * inv) * cap;
 }
 
-/* ggml's constants, as f32. */
-#define GELU_A 0.044715f
-#define GELU_S 0.79788456080286535587989211986876f
-
-/*
- * ggml's build fuses 1 + (A x) x into one fma (its compiler contracts
- * floating point; this project's does not, so it is written out): the
- * unfused sum moves table entries by an f16 ulp, gates near -2.
- */
 uint32_t ops_argmax_row(const float *x, uint32_t n)
 {
 	enum { L = 16 };
@@ -123,6 +114,15 @@ uint32_t ops_argmax_row(const float *x, uint32_t n)
 	return i;
 }
 
+/* ggml's constants, as f32. */
+#define GELU_A 0.044715f
+#define GELU_S 0.79788456080286535587989211986876f
+
+/*
+ * ggml's build fuses 1 + (A x) x into one fma (its compiler contracts
+ * floating point; this project's does not, so it is written out): the
+ * unfused sum moves table entries by an f16 ulp, gates near -2.
+ */
 float ops_gelu_f32(float x)
 {
 	return 0.5f * x * (1.0f + tanhf(GELU_S * x * fmaf(GELU_A * x, x, 1.0f)));
