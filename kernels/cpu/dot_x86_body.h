@@ -33,6 +33,8 @@ typedef __m256i vi;
 typedef __m256 vf;
 #define V_AND _mm256_and_si256
 #define V_OR _mm256_or_si256
+#define V_XOR _mm256_xor_si256
+#define V_BCST "%{1to8%}"
 #define V_ADD32 _mm256_add_epi32
 #define V_SUB32 _mm256_sub_epi32
 #define V_MUL32 _mm256_mullo_epi32
@@ -85,6 +87,8 @@ typedef __m512i vi;
 typedef __m512 vf;
 #define V_AND _mm512_and_si512
 #define V_OR _mm512_or_si512
+#define V_XOR _mm512_xor_si512
+#define V_BCST "%{1to16%}"
 #define V_ADD32 _mm512_add_epi32
 #define V_SUB32 _mm512_sub_epi32
 #define V_MUL32 _mm512_mullo_epi32
@@ -160,13 +164,28 @@ static inline vi FN(bcast_)(const int8_t *p)
 	return V_SET32(v);
 }
 
+/*
+ * s plus, in each lane, the four products of u's unsigned bytes and the
+ * signed bytes q[0..3]. With VNNI, one vpdpbusd whose operand is q broadcast
+ * from memory (EVEX {1toN}): gcc 12 emits a separate vpbroadcastd for
+ * _mm*_set1_epi32, one instruction more per four products.
+ */
+#if DOT_VNNI
+typedef int32_t FN(i32u_) __attribute__((may_alias, aligned(1)));
+static inline vi FN(dpb_)(vi s, vi u, const int8_t *q)
+{
+	__asm__("vpdpbusd %2" V_BCST ", %1, %0" : "+v"(s) : "v"(u), "m"(*(const FN(i32u_) *)q));
+	return s;
+}
+#endif
+
 /* sum over g of the four u[g] x s products of each lane, for 4-bit u (no int16 overflow: 8 * 2 * 15 * 127 < 2^15). */
 static inline vi FN(sum_nib_)(const vi u[8], const int8_t *q)
 {
 #if DOT_VNNI
-	vi s = V_DPBUSD(V_ZERO(), u[0], FN(bcast_)(q));
+	vi s = FN(dpb_)(V_ZERO(), u[0], q);
 	for (int g = 1; g < 8; g++)
-		s = V_DPBUSD(s, u[g], FN(bcast_)(q + 4 * g));
+		s = FN(dpb_)(s, u[g], q + 4 * g);
 	return s;
 #else
 	__m256i h = _mm256_maddubs_epi16(u[0], FN(bcast_)(q));
@@ -180,9 +199,9 @@ static inline vi FN(sum_nib_)(const vi u[8], const int8_t *q)
 static inline vi FN(sum_u8x4_)(const vi u[4], const int8_t *q)
 {
 #if DOT_VNNI
-	vi s = V_DPBUSD(V_ZERO(), u[0], FN(bcast_)(q));
+	vi s = FN(dpb_)(V_ZERO(), u[0], q);
 	for (int g = 1; g < 4; g++)
-		s = V_DPBUSD(s, u[g], FN(bcast_)(q + 4 * g));
+		s = FN(dpb_)(s, u[g], q + 4 * g);
 	return s;
 #else
 	__m256i h = _mm256_maddubs_epi16(u[0], FN(bcast_)(q));
@@ -192,13 +211,20 @@ static inline vi FN(sum_u8x4_)(const vi u[4], const int8_t *q)
 #endif
 }
 
-/* Four products of signed weight bytes w (magnitudes u) and activation bytes q, added to s. */
+/*
+ * s plus four products of signed weight bytes w and activation bytes q.
+ * With VNNI, u holds w + 128 (w ^ 0x80, load_q_()) and the caller starts s
+ * at -128 times the sum of the q it covers: the same exact int32 sum in one
+ * instruction. Without, u = |w| and q takes w's sign (maddubs would
+ * saturate on 255 x 127 pairs).
+ */
 static inline vi FN(dot_s8_)(vi s, vi u, vi w, const int8_t *q)
 {
-	vi x = V_SIGN8(FN(bcast_)(q), w);
 #if DOT_VNNI
-	return V_DPBUSD(s, u, x);
+	(void)w;
+	return FN(dpb_)(s, u, q);
 #else
+	vi x = V_SIGN8(FN(bcast_)(q), w);
 	/* |w| <= 128, |q| <= 127: each pair stays below 2^15 */
 	return _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x),
 						     _mm256_set1_epi16(1)));
@@ -240,9 +266,15 @@ static inline __attribute__((always_inline)) void FN(load_hdr_)(const uint8_t *b
 
 /*
  * The weights of one repacked block, group g of 4 elements per vector:
- * u[g] unsigned (the magnitudes, for signed types), w[g] the signed values
- * of Q8_0, Q6_K and the IQ4 types (unset for the others).
+ * u[g] unsigned (for the signed types, w + 128 with VNNI, the magnitudes
+ * without: dot_s8_()), w[g] the signed values of Q8_0, Q6_K and the IQ4
+ * types (unset for the others).
  */
+#if DOT_VNNI
+#define S8_TO_U(w) V_XOR(w, V_SET8((char)0x80))
+#else
+#define S8_TO_U(w) V_ABS8(w)
+#endif
 static inline __attribute__((always_inline)) void FN(load_q_)(const uint8_t *q, size_t gs, vi u[8],
 							       vi w[8], const uint32_t T)
 {
@@ -266,13 +298,13 @@ static inline __attribute__((always_inline)) void FN(load_q_)(const uint8_t *q, 
 			const vi tbl = FN(iq4_tbl_)();
 			for (int g = 0; g < 8; g++) {
 				w[g] = V_SHUF8(tbl, u[g]);
-				u[g] = V_ABS8(w[g]);
+				u[g] = S8_TO_U(w[g]);
 			}
 		}
 	} else {
 		for (int g = 0; g < 8; g++) {
 			w[g] = FN(ld_)(q + 32 * g, gs);
-			u[g] = V_ABS8(w[g]);
+			u[g] = S8_TO_U(w[g]);
 		}
 	}
 }
@@ -307,13 +339,17 @@ static inline __attribute__((always_inline)) vi FN(sub_sum_)(const vi u[8], cons
 		}
 	} else if (T == KB_Q6_K) {
 		vi lo = V_ZERO(), hi = lo;
+		if (DOT_VNNI) {
+			lo = V_SET32(-128 * xb->qsum16[0]);
+			hi = V_SET32(-128 * xb->qsum16[1]);
+		}
 		for (int g = 0; g < 4; g++) {
 			lo = FN(dot_s8_)(lo, u[g], w[g], xb->qs + 4 * g);
 			hi = FN(dot_s8_)(hi, u[g + 4], w[g + 4], xb->qs + 16 + 4 * g);
 		}
 		s = V_ADD32(V_MUL32(lo, h->ls0), V_MUL32(hi, h->ls1));
 	} else {
-		s = V_ZERO();
+		s = DOT_VNNI ? V_SET32(-128 * xb->qsum) : V_ZERO();
 		for (int g = 0; g < 8; g++)
 			s = FN(dot_s8_)(s, u[g], w[g], xb->qs + 4 * g);
 		if (T == KB_IQ4_XS)
