@@ -6,7 +6,7 @@
 #include <stdint.h>
 #include "kernels/cpu/quant.h"
 
-#define DOT_MAX_NR 8	/* activation rows one call serves */
+#define DOT_MAX_NR 16	/* activation rows one call serves */
 
 /*
  * The arithmetic every quantized kernel shares (struct wsub): per output,

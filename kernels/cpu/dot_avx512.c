@@ -8,6 +8,7 @@
 #define SFX avx512
 #define DOT_VNNI 1
 #define GEMM_TILE 8	/* 32 vector registers: eight accumulators beside the eight slices */
+#define GEMM_WIDE 1	/* or sixteen, for most types (tile_rows_()) */
 #define KW 16
 #include "kernels/cpu/dot_x86_body.h"
 #endif

@@ -153,9 +153,12 @@ static inline vi FN(iq4_tbl_)(void)
  * short for the hardware prefetcher to run ahead of (16 streams of decode
  * on a Zen 5: about a fifth faster). Asked for (pf) only where the weights
  * come from memory: where they are in cache, as for most of a prefill's
- * activation rows, the prefetches cost a fifth of pp512.
+ * activation rows, the prefetches cost a fifth of pp512. A wide tile
+ * (more than GEMM_TILE rows) spends longer on each block and reaches
+ * further (16 streams on one thread: ~1/6 faster than at 2048 bytes).
  */
 #define RP_AHEAD 2048
+#define RP_AHEAD_WIDE 8192
 
 static inline vi FN(bcast_)(const int8_t *p)
 {
@@ -359,7 +362,25 @@ static inline __attribute__((always_inline)) vi FN(sub_sum_)(const vi u[8], cons
 }
 
 /*
- * nr (<= GEMM_TILE) activation rows against KW repacked rows, prefetching
+ * Activation rows one tile keeps in registers for type T: GEMM_TILE, or
+ * twice that where GEMM_WIDE and T's per-row state leaves room (32 vector
+ * registers: the eight weight slices, the block's factors, 16 accumulators,
+ * the sum; Q6_K, Q2_K and Q3_K carry two scales and two sums). A wide tile
+ * decodes each weight block once for all its rows.
+ */
+#ifndef GEMM_WIDE
+#define GEMM_WIDE 0
+#endif
+#define TILE_MAX (GEMM_WIDE ? 2 * GEMM_TILE : GEMM_TILE)
+static inline int FN(tile_rows_)(const uint32_t T)
+{
+	if (GEMM_WIDE && T != KB_Q6_K && T != KB_Q2_K && T != KB_Q3_K)
+		return 2 * GEMM_TILE;
+	return GEMM_TILE;
+}
+
+/*
+ * nr (<= TILE_MAX) activation rows against KW repacked rows, prefetching
  * the weights ahead where pf; T is the weight type, a constant after inlining.
  */
 static inline __attribute__((always_inline)) void FN(tile_)(
@@ -368,17 +389,20 @@ static inline __attribute__((always_inline)) void FN(tile_)(
 {
 	const size_t bb = rp_blk_bytes(T), hdr = rp_hdr_bytes(T);
 	const size_t gs = bb;	/* KW 16: rows 8-15 in the block after (rp_pack_pair()) */
-	vf acc[GEMM_TILE];
+	vf acc[TILE_MAX];
+#pragma GCC unroll 16
 	for (int r = 0; r < nr; r++)
 		acc[r] = F_ZERO();
 	for (size_t k = 0; k < nblk; k++) {
 		const uint8_t *b = rp + k * bb * (KW / 8);
 		for (size_t o = 0; pf && o < bb * (KW / 8); o += 64)
-			_mm_prefetch((const char *)b + RP_AHEAD + o, _MM_HINT_T0);
+			_mm_prefetch((const char *)b + (nr > GEMM_TILE ? RP_AHEAD_WIDE : RP_AHEAD) + o,
+				     _MM_HINT_T0);
 		struct FN(hdr_) h;
 		vi u[8], w[8];
 		FN(load_hdr_)(b, gs, &h, T);
 		FN(load_q_)(b + hdr, gs, u, w, T);
+#pragma GCC unroll 16
 		for (int r = 0; r < nr; r++) {
 			const struct blk_q8x *xb = x + r * xs + k;
 			vi s = FN(sub_sum_)(u, w, &h, xb, T);
@@ -394,24 +418,31 @@ static inline __attribute__((always_inline)) void FN(tile_)(
 			}
 		}
 	}
+#pragma GCC unroll 16
 	for (int r = 0; r < nr; r++)
 		F_STORE(out + r * os, acc[r]);
 }
 
 /*
- * Whole tiles of GEMM_TILE activation rows, then the rest in one narrower
- * tile: the same per-row arithmetic. Only the first tile prefetches: the
- * others find the weights in cache.
+ * Whole tiles (tile_rows_()), then for a wide type one of GEMM_TILE rows if
+ * that many are left, then the rest in one narrower tile: the same per-row
+ * arithmetic. Only the first tile prefetches: the others find the weights
+ * in cache.
  */
 #define TILE_CASE(n, T) case n: FN(tile_)(rp, nblk, x + r * xs, xs, n, out + r * os, os, pf && !r, T); break;
 #define GEMM_KERNEL(name, T)                                                                  \
 	static void FN(name)(const void *rp, size_t nblk, const struct blk_q8x *x, size_t xs,   \
 			     int nr, float *out, size_t os, int pf)                             \
 	{                                                                                       \
+		const int tr = FN(tile_rows_)(T);                                               \
 		int r = 0;                                                                      \
-		for (; r + GEMM_TILE <= nr; r += GEMM_TILE)                                     \
+		for (; r + tr <= nr; r += tr)                                                   \
+			FN(tile_)(rp, nblk, x + r * xs, xs, tr, out + r * os, os, pf && !r, T); \
+		if (tr > GEMM_TILE && r + GEMM_TILE <= nr) {                                    \
 			FN(tile_)(rp, nblk, x + r * xs, xs, GEMM_TILE, out + r * os, os,        \
 				  pf && !r, T);                                                 \
+			r += GEMM_TILE;                                                         \
+		}                                                                               \
 		switch (nr - r) {                                                               \
 		case 0: break;                                                                  \
 		TILE_CASE(1, T) TILE_CASE(2, T) TILE_CASE(3, T)                                 \
