@@ -215,6 +215,60 @@ static void test_fp16_encode(void **state)
 	}
 }
 
+/*
+ * ops_f16_row() (F16C where the CPU has it) against f32_to_fp16() bit for
+ * bit: every float with low byte 0 (ties and the halfway cases among
+ * them), every float near the subnormal, normal and overflow edges, and
+ * rows whose NaNs (any payload) sit at each place of an eight and a tail.
+ */
+static void test_f16_row(void **state)
+{
+	(void)state;
+	enum { N = 4096 };
+	static float x[N + 7];
+	static uint16_t h[N + 7];
+	uint64_t checked = 0;
+	static const uint32_t edges[] = { 0x33000000u, 0x38800000u, 0x477ff000u, 0x7f800000u,
+					  0x3f800000u };
+	for (uint64_t base = 0; base < (1ull << 32); base += (uint64_t)N << 8) {
+		for (uint32_t i = 0; i < N; i++)
+			x[i] = bits_f((uint32_t)(base + ((uint64_t)i << 8)));
+		ops_f16_row(h, x, N);
+		for (uint32_t i = 0; i < N; i++)
+			if (h[i] != f32_to_fp16(x[i]))
+				fail_msg("ops_f16_row(%a [0x%08x]) = 0x%04x, want 0x%04x", (double)x[i],
+					 fbits(x[i]), h[i], f32_to_fp16(x[i]));
+		checked += N;
+	}
+	for (size_t e = 0; e < sizeof(edges) / sizeof(edges[0]); e++)
+		for (uint32_t sign = 0; sign < 2; sign++) {
+			for (uint32_t i = 0; i < N; i++)
+				x[i] = bits_f((edges[e] - N / 2 + i) | sign << 31);
+			ops_f16_row(h, x, N);
+			for (uint32_t i = 0; i < N; i++)
+				if (h[i] != f32_to_fp16(x[i]))
+					fail_msg("ops_f16_row(0x%08x) = 0x%04x, want 0x%04x",
+						 fbits(x[i]), h[i], f32_to_fp16(x[i]));
+			checked += N;
+		}
+	static const uint32_t nans[] = { 0x7fc00000u, 0x7f800001u, 0xffc00000u, 0x7fbfffffu };
+	for (uint32_t n = 1; n <= 27; n++)
+		for (uint32_t at = 0; at < n; at++) {
+			for (uint32_t i = 0; i < n; i++)
+				x[i] = (float)i * 0.37f - 3.0f;
+			x[at] = bits_f(nans[(n + at) % 4]);
+			memset(h, 0, sizeof(h));
+			ops_f16_row(h, x, n);
+			for (uint32_t i = 0; i < n; i++)
+				if (h[i] != f32_to_fp16(x[i]))
+					fail_msg("row of %u, NaN at %u: element %u 0x%04x, want 0x%04x", n,
+						 at, i, h[i], f32_to_fp16(x[i]));
+			if (h[n] != 0)
+				fail_msg("row of %u: wrote past its end", n);
+		}
+	printf("ops_f16_row: %llu floats checked\n", (unsigned long long)checked);
+}
+
 /* ---- 2. dequantization of hand-made blocks ---- */
 
 static void pack_q4_0(struct blk_q4_0 *b, uint16_t d, const uint8_t nib[QK])
@@ -2119,6 +2173,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_fp16_decode_all),
 		cmocka_unit_test(test_fp16_encode),
+		cmocka_unit_test(test_f16_row),
 		cmocka_unit_test(test_dequant_small),
 		cmocka_unit_test(test_dequant_k),
 		cmocka_unit_test(test_dequant_float),

@@ -566,9 +566,7 @@ static void store_row(uint8_t *dst, uint32_t type, const float *x, uint32_t n)
 	} else if (type == KB_Q8_0) {
 		row_to_q8_0(dst, x, n);
 	} else {
-		uint16_t *h = (uint16_t *)dst;
-		for (uint32_t i = 0; i < n; i++)
-			h[i] = f32_to_fp16(x[i]);
+		ops_f16_row((uint16_t *)dst, x, n);
 	}
 }
 

@@ -69,6 +69,17 @@ void ops_swiglu_row(float *out, const float *gate, const float *up, uint32_t dim
 	ops_swiglu_row_c(out + done, gate + done, up + done, dim - done);
 }
 
+void ops_f16_row(uint16_t *h, const float *x, uint32_t n)
+{
+	uint32_t i = 0;
+#if defined(__x86_64__)
+	if (ops_have_avx2())
+		i = (uint32_t)ops_f16_row_avx2(h, x, n);
+#endif
+	for (; i < n; i++)
+		h[i] = f32_to_fp16(x[i]);
+}
+
 CLONES void ops_add_bias_row(float *x, const float *bias, uint32_t dim)
 {
 	for (uint32_t i = 0; i < dim; i++)

@@ -16,6 +16,9 @@ float fast_expf(float x);
  */
 uint32_t ops_argmax_row(const float *x, uint32_t n);
 
+/* h (n,) = x rounded to f16, f32_to_fp16() of each (a K or V row going into an f16 cache). */
+void ops_f16_row(uint16_t *h, const float *x, uint32_t n);
+
 /* out (dim,) = x / sqrt(mean(x^2) + eps) * g */
 void ops_rmsnorm_row(float *out, const float *x, const float *g, uint32_t dim, float eps);
 /* out (dim,) = silu(gate) * up */

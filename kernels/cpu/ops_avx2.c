@@ -1,4 +1,4 @@
-/* ops_avx2.c — attention and SwiGLU with AVX2/FMA/F16C: the same operations, in the same order, as the portable kernels. */
+/* ops_avx2.c — attention, SwiGLU and f16 rounding with AVX2/FMA/F16C: the same operations, in the same order, as the portable kernels. */
 #if defined(__x86_64__)
 #pragma GCC target("avx2,fma,f16c")
 #include <errno.h>
@@ -36,6 +36,18 @@ int ops_swiglu_row_avx2(float *out, const float *gate, const float *up, uint32_t
 		__m256 e = exp8(_mm256_xor_ps(g, neg));
 		_mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)),
 							_mm256_loadu_ps(up + i)));
+	}
+	return (int)i;
+}
+
+int ops_f16_row_avx2(uint16_t *h, const float *x, uint32_t n)
+{
+	uint32_t i = 0;
+	for (; i + 8 <= n; i += 8) {
+		__m256 v = _mm256_loadu_ps(x + i);
+		if (_mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)))
+			break;
+		_mm_storeu_si128((__m128i *)(h + i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
 	}
 	return (int)i;
 }

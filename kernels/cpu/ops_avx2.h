@@ -10,6 +10,12 @@
 int ops_have_avx2(void);
 /* ops_swiglu_row_c() over the whole eights of dim; returns how many elements it did. */
 int ops_swiglu_row_avx2(float *out, const float *gate, const float *up, uint32_t dim);
+/*
+ * ops_f16_row() eight at a time (F16C, round to nearest even: the same
+ * bits), up to the first eight holding a NaN, whose payload F16C keeps
+ * where f32_to_fp16() makes one quiet NaN; returns how many it did.
+ */
+int ops_f16_row_avx2(uint16_t *h, const float *x, uint32_t n);
 /* ops_attention_heads() for f16 and f32 caches with head_dim % 8 == 0. */
 int ops_attention_heads_avx2(float *out, const float *q, const struct kb_kv_view *kv,
 			     uint32_t pos, uint32_t kvh0, uint32_t nkv,
