@@ -50,6 +50,7 @@ struct kvd_options {
 	uint32_t kv_blocks;		/* 0: room for 64k tokens */
 	uint32_t kv_block_tokens;
 	int kv_type;			/* KB_F16, KB_F32, KB_Q8_0 */
+	int kv_prefault;		/* commit the pool's pages at start (kvpool_prefault()) */
 	int log_level;			/* LOG_ERR .. LOG_DEBUG */
 	int bpf;			/* enum kvd_bpf_mode */
 	const char *instance;		/* names the BPF pin directory; NULL: after the socket (bpf/kvd_pin.h) */

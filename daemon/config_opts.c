@@ -170,6 +170,15 @@ const struct cfg_opt config_opts[] = {
 	{ "kv-type", 0, CT_ENUM, 0, SEC_MODEL, O(kv_type), ENUM(kv_types, kv_type_vals), .arg = "T",
 	  .help = "K/V element type: f16 (default), f32, q8_0",
 	  .man = "K/V element type:\n.B f16\n(default),\n.B f32\nor\n.BR q8_0 ." },
+	{ "kv-prefault", 0, CT_BOOL, 0, SEC_MODEL, O(kv_prefault),
+	  .help = "commit the KV pool's memory at start (default: on first use)",
+	  .man = "Commit all of the KV pool's memory at start, as llama.cpp does with its\n"
+		 "cache, instead of page by page as blocks are first written: the whole pool\n"
+		 "counts in the daemon's resident memory from the start and start-up takes\n"
+		 "longer (the default pool: 1.4 GiB, about 3 s here), but no step waits on\n"
+		 "the kernel clearing fresh pages (16 clients, 128/128: about a sixth more\n"
+		 "output tokens per second on a fresh daemon). A device's pool is\n"
+		 "allocated whole either way." },
 	{ "prefix-global", 0, CT_BOOL, 0, SEC_MODEL, S(prefix_global),
 	  .help = "share cached prompt prefixes across users (default: per uid)",
 	  .man = "Share cached prompt prefixes between users (default: per uid, so one user\n"

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #include "daemon/config.h"
 #include "daemon/engine/kvpool.h"
@@ -105,6 +106,23 @@ static void pool_logged(const struct kvd_options *o, const struct kvpool_config 
 		(double)blk * pc->n_blocks / (1 << 20));
 }
 
+/* --kv-prefault: every page of the pool now, rather than as blocks are first written. */
+static void pool_prefault(const struct kvd_options *o, struct kvpool *p)
+{
+	struct timespec t0, t1;
+	if (!o->kv_prefault)
+		return;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	int rc = kvpool_prefault(p);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	if (rc)
+		log_msg(LOG_WARNING, "kv-prefault: cannot commit the KV pool's memory now (%s); "
+			"its pages come as blocks are first written", strerror(-rc));
+	else
+		log_msg(LOG_NOTICE, "kv-prefault: KV pool committed in %.2f s",
+			(double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9);
+}
+
 static int make_pool(const struct kvd_options *o, const struct model *m, struct backend *be,
 		     uint32_t tokens, struct kvpool **out)
 {
@@ -114,8 +132,10 @@ static int make_pool(const struct kvd_options *o, const struct model *m, struct 
 		log_msg(LOG_ERR, "cannot reserve the KV pool (%u blocks of %zu bytes): %s", pc.n_blocks,
 			kvpool_token_bytes(pc.kv_type, pc.n_layers, pc.kv_dim) * pc.block_tokens,
 			strerror(-rc));
-	if (!rc)
+	if (!rc) {
 		pool_logged(o, &pc);
+		pool_prefault(o, *out);
+	}
 	return rc;
 }
 
@@ -155,6 +175,7 @@ static int make_daemon_pool(struct kvd_options *o, struct model *m, struct backe
 	}
 	persist_attach(*ps, *out);
 	pool_logged(o, &pc);
+	pool_prefault(o, *out);
 	return 0;
 }
 

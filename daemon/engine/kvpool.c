@@ -373,6 +373,19 @@ err:
 	return -ENOMEM;
 }
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+int kvpool_prefault(struct kvpool *p)
+{
+	if (!p)
+		return -EINVAL;
+	if (p->be || !p->pool_bytes)
+		return 0;
+	return madvise(p->base, p->pool_bytes, MADV_POPULATE_WRITE) ? -errno : 0;
+}
+
 /* ---- blocks ---- */
 
 int kvpool_alloc(struct kvpool *p, uint32_t *id)

@@ -68,6 +68,13 @@ int kvpool_create(struct kvpool **out, const struct kvpool_config *cfg);
  * copies go through be too). be NULL or a host-memory backend: as
  * kvpool_create. be must outlive the pool.
  */
+/*
+ * Commit every page of a host-memory pool now (MADV_POPULATE_WRITE), so
+ * that no later write waits on a page fault; blocks keep their contents.
+ * 0, nothing to do for a device pool, or -errno (-EINVAL: the kernel, older
+ * than 5.14, cannot).
+ */
+int kvpool_prefault(struct kvpool *p);
 struct backend;
 int kvpool_create_on(struct kvpool **out, const struct kvpool_config *cfg, struct backend *be);
 /* The backend holding the blocks, or NULL for host memory. */
