@@ -5,7 +5,11 @@
  * the scheduler's continuous batching does. Without the daemon's IPC and
  * prefill phases, this is the ceiling for tools/bench_serve.sh's decode rate.
  * Each step's greedy tokens come from engine_argmax(), computed where the
- * logits are, as a device backend would.
+ * logits are, as a device backend would. The KV pool's pages are committed
+ * before anything is timed (kvpool_prefault(), kvd --kv-prefault), as
+ * llama.cpp clears its cache when it makes it: without that the first runs
+ * would time the kernel clearing fresh pages, in the one thread that writes
+ * K and V, while the others wait.
  * Usage: bench_batch [N...]   (KVD_MODEL overrides the model, KVD_BENCH_THREADS the threads;
  * KVD_BENCH_CLOCK=cpu times by process CPU time, steadier on a shared machine with 1 thread)
  */
@@ -93,6 +97,10 @@ int main(int argc, char **argv)
 		fixture_close(&fx);
 		return 1;
 	}
+	int pf = kvpool_prefault(fx.pool);
+	if (pf)
+		fprintf(stderr, "bench_batch: cannot commit the KV pool first (%s): fresh pages are "
+			"cleared inside the timed steps\n", strerror(-pf));
 	struct model *m = fx.m;
 	struct engine *e = fx.eng;
 	uint32_t vocab = m->hp.vocab;
@@ -104,8 +112,9 @@ int main(int argc, char **argv)
 	struct rng seed = rng_make(777);
 	double med[8];
 	printf("engine decode throughput, %s, %u threads, %d-token contexts, %d steps, "
-	       "median of %d runs%s%s\n", m->hp.name, threads, PROMPT, steps, runs,
-	       clock_id == CLOCK_MONOTONIC ? "" : ", per CPU second", bench_mark());
+	       "median of %d runs%s%s%s\n", m->hp.name, threads, PROMPT, steps, runs,
+	       clock_id == CLOCK_MONOTONIC ? "" : ", per CPU second",
+	       pf ? "" : ", KV pool committed first", bench_mark());
 	printf("| batch | tok/s median |     min |     max | vs batch %u |\n", sizes[0]);
 	printf("|-------|--------------|---------|---------|------------|\n");
 	for (uint32_t k = 0; k < n_sizes; k++) {

@@ -356,6 +356,9 @@ table() {
 	echo "  each run the median of $pp_reps repetition(s)$([ $quick = 1 ] || echo " after a warm-up"), llama-bench -r $pp_reps vs bench_engine;"
 	echo "  16 streams: llama-batched-bench S_TG over $ntg steps vs"
 	echo "  bench_batch 16 ($kvd_steps steps, median of its $kvd_batch_runs); serving: $reqs request(s) per client;"
+	echo "  KV memory: llama.cpp clears its cache when it makes it; bench_engine and bench_batch commit"
+	echo "  kvd's pool before timing to match; the kvd daemon commits pages as blocks are first written"
+	echo "  (unless --kv-prefault);"
 	echo "  KLD: $TEXT, 4 chunks of 512, base from the F32 model via llama-perplexity"
 }
 
