@@ -41,6 +41,20 @@
 #define WAKE_WORKERS 1u
 #define WAKE_CALLER 2u
 
+/*
+ * A run's tasks are cut into one contiguous segment per thread. A thread
+ * takes its own segment's tasks from the front, in order, then the others'
+ * from the back, one at a time: each thread reads one stream of memory
+ * (a matmul's weight rows: the prefetches ahead stay useful from one task
+ * to the next, and the claims stay in the thread's own cache line) until
+ * the ends meet, and a thread that was never scheduled costs the others at
+ * most the task it holds, as with one shared counter. fb packs the
+ * segment's next task (low half) and its end (high half).
+ */
+struct seg {
+	uint64_t fb;
+} __attribute__((aligned(64)));
+
 struct threadpool {
 	uint32_t n_threads;
 	pthread_t *threads;		/* (n_threads - 1,) */
@@ -51,7 +65,8 @@ struct threadpool {
 	tp_task_fn fn;
 	void *ctx;
 	uint32_t n_tasks;
-	uint32_t next_task;		/* claimed with fetch_add */
+	struct seg *seg;		/* (n_threads,) */
+	uint32_t n_segs;		/* of this run */
 };
 
 static long futex(uint32_t *addr, int op, uint32_t val, uint32_t bits)
@@ -73,11 +88,33 @@ static void cpu_relax(void)
 #endif
 }
 
-static void run_tasks(struct threadpool *tp)
+/* A task of g, its first left (front) or its last; 0 when none is left. */
+static int claim(struct seg *g, int front, uint32_t *t)
 {
+	uint64_t v = __atomic_load_n(&g->fb, __ATOMIC_RELAXED);
+	for (;;) {
+		uint32_t f = (uint32_t)v, b = (uint32_t)(v >> 32);
+		if (f >= b)
+			return 0;
+		uint64_t next = front ? v + 1 : (uint64_t)(b - 1) << 32 | f;
+		if (__atomic_compare_exchange_n(&g->fb, &v, next, 1, __ATOMIC_RELAXED,
+						__ATOMIC_RELAXED)) {
+			*t = front ? f : b - 1;
+			return 1;
+		}
+	}
+}
+
+/* Segment id's tasks in order, then every other segment's from its end. */
+static void run_tasks(struct threadpool *tp, uint32_t id)
+{
+	const uint32_t n = tp->n_segs, me = id % n;
 	uint32_t t;
-	while ((t = __atomic_fetch_add(&tp->next_task, 1, __ATOMIC_RELAXED)) < tp->n_tasks)
+	while (claim(&tp->seg[me], 1, &t))
 		tp->fn(tp->ctx, t);
+	for (uint32_t k = 1; k < n; k++)
+		while (claim(&tp->seg[(me + k) % n], 0, &t))
+			tp->fn(tp->ctx, t);
 }
 
 /* The run word once its generation differs from seen: spin, spin yielding, then sleep. */
@@ -108,15 +145,21 @@ static uint32_t wait_run(struct threadpool *tp, uint32_t seen)
 	return s;
 }
 
-/* 1 if this worker is now inside the run s belongs to, 0 if that run is closed or gone. */
-static int join(struct threadpool *tp, uint32_t s)
+/*
+ * 1 if this worker is now inside the run s belongs to, 0 if that run is
+ * closed or gone; *id: how many workers are inside with it (the segment it
+ * starts on; two may share one, the claims keep each task to one thread).
+ */
+static int join(struct threadpool *tp, uint32_t s, uint32_t *id)
 {
 	uint32_t gen = RUN_GEN(s);
-	/* Acquire: fn, ctx, n_tasks and next_task of this run are visible after. */
+	/* Acquire: fn, ctx, n_tasks and the segments of this run are visible after. */
 	while ((s & RUN_OPEN) && RUN_GEN(s) == gen)
 		if (__atomic_compare_exchange_n(&tp->state, &s, s + 1, 1, __ATOMIC_ACQUIRE,
-						__ATOMIC_ACQUIRE))
+						__ATOMIC_ACQUIRE)) {
+			*id = (s & RUN_ACTIVE) + 1;
 			return 1;
+		}
 	return 0;
 }
 
@@ -138,9 +181,10 @@ static void *worker(void *arg)
 		seen = RUN_GEN(s);
 		if (__atomic_load_n(&tp->stop, __ATOMIC_ACQUIRE))
 			return NULL;
-		if (!join(tp, s))
+		uint32_t id;
+		if (!join(tp, s, &id))
 			continue;
-		run_tasks(tp);
+		run_tasks(tp, id);
 		leave(tp);
 	}
 }
@@ -163,12 +207,13 @@ int threadpool_create(struct threadpool **out, uint32_t n_threads)
 	if (!tp)
 		return -ENOMEM;
 	tp->n_threads = n_threads;
-	if (n_threads > 1) {
+	tp->seg = aligned_alloc(64, n_threads * sizeof(*tp->seg));
+	if (n_threads > 1)
 		tp->threads = calloc(n_threads - 1, sizeof(pthread_t));
-		if (!tp->threads) {
-			free(tp);
-			return -ENOMEM;
-		}
+	if (!tp->seg || (n_threads > 1 && !tp->threads)) {
+		free(tp->seg);
+		free(tp);
+		return -ENOMEM;
 	}
 	for (uint32_t i = 0; i + 1 < n_threads; i++) {
 		int rc = pthread_create(&tp->threads[i], NULL, worker, tp);
@@ -191,6 +236,7 @@ void threadpool_destroy(struct threadpool *tp)
 	for (uint32_t i = 0; i + 1 < tp->n_threads; i++)
 		pthread_join(tp->threads[i], NULL);
 	free(tp->threads);
+	free(tp->seg);
 	free(tp);
 }
 
@@ -235,9 +281,14 @@ void threadpool_run(struct threadpool *tp, tp_task_fn fn, void *ctx, uint32_t n_
 	tp->fn = fn;
 	tp->ctx = ctx;
 	tp->n_tasks = n_tasks;
-	__atomic_store_n(&tp->next_task, 0, __ATOMIC_RELAXED);
+	tp->n_segs = n_tasks < tp->n_threads ? n_tasks : tp->n_threads;
+	for (uint32_t i = 0; i < tp->n_segs; i++) {
+		uint64_t f = (uint64_t)n_tasks * i / tp->n_segs;
+		uint64_t b = (uint64_t)n_tasks * (i + 1) / tp->n_segs;
+		__atomic_store_n(&tp->seg[i].fb, b << 32 | f, __ATOMIC_RELAXED);
+	}
 	publish(tp, RUN_OPEN);
-	/* Tasks are claimed with fetch_add: the caller alone can do them all. */
-	run_tasks(tp);
+	/* The caller alone can do every task: it takes segment 0's, then the others'. */
+	run_tasks(tp, 0);
 	close_run(tp);
 }
