@@ -1,7 +1,8 @@
 /*
  * dot_x86_body.h — the x86 SIMD kernels over repacked weights, included once
  * per instruction set after a #pragma GCC target, with SFX (name suffix),
- * GEMM_TILE (activation rows kept in registers at once), DOT_VNNI (1:
+ * GEMM_TILE (activation rows kept in registers at once; GEMM_WIDE 1: twice
+ * that for the types tile_rows_() names), DOT_VNNI (1:
  * vpdpbusd sums four u8 x s8 products into int32 lanes; 0: AVX2's
  * maddubs + madd) and KW defined: the weight rows one call serves, 8 (one
  * repacked group, 256-bit vectors) or 16 (a pair of groups interleaved by
