@@ -30,7 +30,7 @@
  * joins with a CAS that requires RUN_OPEN, so the caller waits only for
  * workers that joined: a worker descheduled by another process, or still
  * asleep, costs the caller nothing, and one that arrives after the run
- * closed does nothing. fn, ctx and n_tasks are read only after joining,
+ * closed does nothing. fn, ctx and the segments are read only after joining,
  * and the caller rewrites them only when no worker is inside.
  */
 #define RUN_ACTIVE 0x7fffu
@@ -64,7 +64,6 @@ struct threadpool {
 	int stop;
 	tp_task_fn fn;
 	void *ctx;
-	uint32_t n_tasks;
 	struct seg *seg;		/* (n_threads,) */
 	uint32_t n_segs;		/* of this run */
 };
@@ -153,7 +152,7 @@ static uint32_t wait_run(struct threadpool *tp, uint32_t seen)
 static int join(struct threadpool *tp, uint32_t s, uint32_t *id)
 {
 	uint32_t gen = RUN_GEN(s);
-	/* Acquire: fn, ctx, n_tasks and the segments of this run are visible after. */
+	/* Acquire: fn, ctx and the segments of this run are visible after. */
 	while ((s & RUN_OPEN) && RUN_GEN(s) == gen)
 		if (__atomic_compare_exchange_n(&tp->state, &s, s + 1, 1, __ATOMIC_ACQUIRE,
 						__ATOMIC_ACQUIRE)) {
@@ -280,7 +279,6 @@ void threadpool_run(struct threadpool *tp, tp_task_fn fn, void *ctx, uint32_t n_
 	/* No worker is inside: the last run's close_run() saw none, and none can join a closed run. */
 	tp->fn = fn;
 	tp->ctx = ctx;
-	tp->n_tasks = n_tasks;
 	tp->n_segs = n_tasks < tp->n_threads ? n_tasks : tp->n_threads;
 	for (uint32_t i = 0; i < tp->n_segs; i++) {
 		uint64_t f = (uint64_t)n_tasks * i / tp->n_segs;
