@@ -47,7 +47,6 @@ typedef __m256 vf;
 #define V_SET8 _mm256_set1_epi8
 #define V_SET32 _mm256_set1_epi32
 #define V_ZERO _mm256_setzero_si256
-#define V_DPBUSD _mm256_dpbusd_epi32
 #define F_ZERO _mm256_setzero_ps
 #define F_SET _mm256_set1_ps
 #define F_CVT _mm256_cvtepi32_ps
@@ -101,7 +100,6 @@ typedef __m512 vf;
 #define V_SET8 _mm512_set1_epi8
 #define V_SET32 _mm512_set1_epi32
 #define V_ZERO _mm512_setzero_si512
-#define V_DPBUSD _mm512_dpbusd_epi32
 #define F_ZERO _mm512_setzero_ps
 #define F_SET _mm512_set1_ps
 #define F_CVT _mm512_cvtepi32_ps
@@ -138,8 +136,6 @@ static inline vi FN(iq4_tbl_)(void)
 	return _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)iq4nl_values));
 }
 #define V_SHUF8 _mm512_shuffle_epi8
-/* |x| = |q| <= 127: negating where w < 0 cannot overflow; where w is 0 its magnitude u is 0 */
-#define V_SIGN8(x, w) _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), _mm512_setzero_si512(), x)
 #else
 #error "KW must be 8 or 16"
 #endif
