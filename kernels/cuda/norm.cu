@@ -5,18 +5,25 @@
 
 #define NORM_THREADS 256
 
-/* Sum of v over the block (NORM_THREADS threads); every thread gets it. */
+/*
+ * Sum of v over the block (NORM_THREADS threads); every thread gets it.
+ * Each warp's total goes to part[warp]; then every warp, not warp 0 alone,
+ * sums the NORM_THREADS / 32 partials itself, lane i taking part[i]: the
+ * same adds in the same order everywhere, so every thread holds the same
+ * bits (a butterfly's partners add the same two values) and no broadcast
+ * is needed.
+ */
 __device__ float block_sum(float v)
 {
 	__shared__ float part[NORM_THREADS / 32];
+	const uint32_t lane = threadIdx.x % 32;
 	v = warp_sum(v);
-	if (threadIdx.x % 32 == 0)
+	if (lane == 0)
 		part[threadIdx.x / 32] = v;
 	__syncthreads();
-	float t = threadIdx.x < NORM_THREADS / 32 ? part[threadIdx.x] : 0.0f;
-	t = warp_sum(t);
+	float t = warp_sum(lane < NORM_THREADS / 32 ? part[lane] : 0.0f);
 	__syncthreads();	/* part is reused by the next call */
-	return __shfl_sync(0xffffffffu, t, 0);
+	return t;
 }
 
 /* With y: x += y first (each thread rewrites the elements it later normalises). */
