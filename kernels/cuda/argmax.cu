@@ -52,7 +52,7 @@ int cuda_argmax(cudaStream_t s, uint32_t *ids, const float *x, uint32_t n, uint3
 		return 0;
 	if (dim == 0)
 		return -EINVAL;
-	argmax_kernel<<<n, AM_THREADS, 0, s>>>(ids, x, dim);
+	CUDA_LAUNCH(n, AM_THREADS, 0, s, argmax_kernel)(ids, x, dim);
 	CK_LAUNCH("argmax");
 	return 0;
 }

@@ -50,7 +50,7 @@ attn_partial_kernel(const float *__restrict__ q, att_geo g, const uint32_t *__re
 		    float *__restrict__ part_ml,
 		    float *__restrict__ part_acc, size_t slots)
 {
-	extern __shared__ float smem[];
+	CUDA_DYN_SHARED(float, smem);
 	float *sq = smem;					/* (QUERIES, HD) */
 	float *sk = sq + CUDA_ATT_QUERIES * HD;			/* (KVT, HD + 1) */
 	float *sv = sk + KVT * (HD + 1);			/* (KVT, HD) */
@@ -225,12 +225,12 @@ static int launch(cudaStream_t s, const struct cuda_attn_plan *p, float *out, co
 		      (uint32_t)__builtin_ctz(v->block_tokens), v->block_tokens - 1 };
 	size_t slots = (size_t)p->grid_x * p->grid_y * p->grid_z * CUDA_ATT_QUERIES;
 	dim3 grid(p->grid_x, p->grid_y, p->grid_z);
-	attn_partial_kernel<HD, CT><<<grid, 32 * CUDA_ATT_WARPS, p->smem, s>>>(
+	CUDA_LAUNCH(grid, 32 * CUDA_ATT_WARPS, p->smem, s, attn_partial_kernel<HD, CT>)(
 		q, g, kv->tables, kv->tab_off, pos, kv->tiles, p->sub, p->rows_per_block, p->group,
 		sh->n_heads, p->chunk, sh->scale, sh->softcap, sh->window, part, part + 2 * slots,
 		slots);
 	CK_LAUNCH("attention");
-	attn_merge_kernel<HD><<<dim3(p->grid_x, p->grid_y), HD, 0, s>>>(
+	CUDA_LAUNCH(dim3(p->grid_x, p->grid_y), HD, 0, s, attn_merge_kernel<HD>)(
 		out, kv->tiles, p->sub, p->rows_per_block, p->group, sh->n_heads, p->n_splits, part,
 		part + 2 * slots);
 	CK_LAUNCH("attention merge");

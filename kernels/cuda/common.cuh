@@ -24,6 +24,16 @@ extern "C" int cuda_fail(const char *call, const char *file, int line, const cha
 /* After a kernel launch: a bad configuration shows up here, a fault at the next sync. */
 #define CK_LAUNCH(what) CK(cudaGetLastError())
 
+/*
+ * A launch, CUDA_LAUNCH(grid, block, smem, stream, kernel)(args...), and a
+ * kernel's dynamic shared memory: the chevrons and extern __shared__ here;
+ * tests/cudasim, which runs these kernels on the host, defines both as calls.
+ */
+#ifndef KVD_CUDASIM
+#define CUDA_LAUNCH(grid, block, smem, stream, ...) __VA_ARGS__<<<grid, block, smem, stream>>>
+#define CUDA_DYN_SHARED(T, name) extern __shared__ T name[]
+#endif
+
 #define QK 32
 #define QK_K 256
 

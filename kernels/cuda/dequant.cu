@@ -65,7 +65,7 @@ int cuda_dequant_f16(cudaStream_t s, void *out, const void *w, uint32_t type, ui
 		return -EINVAL;
 	size_t total = (size_t)rows * (cols / 32);
 	uint32_t blocks = cuda_plan_blocks(total, 256, 65535);
-#define DQ_CALL(T) dequant_f16_kernel<T><<<blocks, 256, 0, s>>>((uint4 *)out, (const uint8_t *)w, \
+#define DQ_CALL(T) CUDA_LAUNCH(blocks, 256, 0, s, dequant_f16_kernel<T>)((uint4 *)out, (const uint8_t *)w, \
 								  row_bytes, cols / 32, total)
 	KB_DISPATCH_TYPE(type, DQ_CALL)
 #undef DQ_CALL
@@ -79,7 +79,7 @@ int cuda_get_rows(cudaStream_t s, float *out, const void *w, uint32_t type, uint
 	if (cols % 32 || n == 0 || n > 65535)
 		return n == 0 ? 0 : -EINVAL;
 	dim3 grid(cuda_plan_blocks(cols / 32, 64, 64), n);
-#define GR_CALL(T) get_rows_kernel<T><<<grid, 64, 0, s>>>(out, (const uint8_t *)w, row_bytes, rows, cols, ids)
+#define GR_CALL(T) CUDA_LAUNCH(grid, 64, 0, s, get_rows_kernel<T>)(out, (const uint8_t *)w, row_bytes, rows, cols, ids)
 	KB_DISPATCH_TYPE(type, GR_CALL)
 #undef GR_CALL
 	CK_LAUNCH("get_rows");
@@ -90,7 +90,7 @@ int cuda_f32_to_f16(cudaStream_t s, void *out, const float *x, size_t n)
 {
 	if (n == 0)
 		return 0;
-	f32_to_f16_kernel<<<cuda_plan_blocks(n, 256, 65535), 256, 0, s>>>((__half *)out, x, n);
+	CUDA_LAUNCH(cuda_plan_blocks(n, 256, 65535), 256, 0, s, f32_to_f16_kernel)((__half *)out, x, n);
 	CK_LAUNCH("f32_to_f16");
 	return 0;
 }

@@ -29,7 +29,7 @@ int cuda_add_bias(cudaStream_t s, float *x, const float *bias, uint32_t n, uint3
 	size_t total = (size_t)n * dim;
 	if (total == 0)
 		return 0;
-	add_bias_kernel<<<cuda_plan_blocks(total, 256, 65535), 256, 0, s>>>(x, bias, dim, total);
+	CUDA_LAUNCH(cuda_plan_blocks(total, 256, 65535), 256, 0, s, add_bias_kernel)(x, bias, dim, total);
 	CK_LAUNCH("add_bias");
 	return 0;
 }
@@ -38,7 +38,7 @@ int cuda_scale(cudaStream_t s, float *x, float k, size_t n)
 {
 	if (n == 0)
 		return 0;
-	scale_kernel<<<cuda_plan_blocks(n, 256, 65535), 256, 0, s>>>(x, k, n);
+	CUDA_LAUNCH(cuda_plan_blocks(n, 256, 65535), 256, 0, s, scale_kernel)(x, k, n);
 	CK_LAUNCH("scale");
 	return 0;
 }
@@ -50,7 +50,7 @@ int cuda_softcap(cudaStream_t s, float *x, float cap, size_t n)
 	if (n == 0)
 		return 0;
 	/* 1 / cap once, on the host: ggml scales by that reciprocal rather than dividing. */
-	softcap_kernel<<<cuda_plan_blocks(n, 256, 65535), 256, 0, s>>>(x, cap, 1.0f / cap, n);
+	CUDA_LAUNCH(cuda_plan_blocks(n, 256, 65535), 256, 0, s, softcap_kernel)(x, cap, 1.0f / cap, n);
 	CK_LAUNCH("softcap");
 	return 0;
 }

@@ -35,7 +35,7 @@ int cuda_geglu(cudaStream_t s, float *out, const float *gate, const float *up, s
 {
 	if (n == 0)
 		return 0;
-	geglu_kernel<<<cuda_plan_blocks(n, 256, 65535), 256, 0, s>>>(out, gate, up, n);
+	CUDA_LAUNCH(cuda_plan_blocks(n, 256, 65535), 256, 0, s, geglu_kernel)(out, gate, up, n);
 	CK_LAUNCH("geglu");
 	return 0;
 }

@@ -59,15 +59,15 @@ int cuda_write_kv(cudaStream_t s, const struct kb_kv_rows *kv, const uint32_t *p
 		     (uint32_t)__builtin_ctz(gv->block_tokens), gv->block_tokens - 1 };
 	switch (gv->type) {
 	case KB_F32:
-		write_kv_kernel<KB_F32><<<n, 128, 0, s>>>(g, kv->tables, kv->tab_off, pos, kv_dim, k, v);
+		CUDA_LAUNCH(n, 128, 0, s, write_kv_kernel<KB_F32>)(g, kv->tables, kv->tab_off, pos, kv_dim, k, v);
 		break;
 	case KB_F16:
-		write_kv_kernel<KB_F16><<<n, 128, 0, s>>>(g, kv->tables, kv->tab_off, pos, kv_dim, k, v);
+		CUDA_LAUNCH(n, 128, 0, s, write_kv_kernel<KB_F16>)(g, kv->tables, kv->tab_off, pos, kv_dim, k, v);
 		break;
 	case KB_Q8_0:
 		if (kv_dim % 32)
 			return -EINVAL;
-		write_kv_kernel<KB_Q8_0><<<n, 128, 0, s>>>(g, kv->tables, kv->tab_off, pos, kv_dim, k, v);
+		CUDA_LAUNCH(n, 128, 0, s, write_kv_kernel<KB_Q8_0>)(g, kv->tables, kv->tab_off, pos, kv_dim, k, v);
 		break;
 	default:
 		return -ENOTSUP;

@@ -55,11 +55,11 @@ static int launch(cudaStream_t s, const struct cuda_mv_plan *p, float *y, const 
 {
 	const uint8_t *wb = (const uint8_t *)w;
 	switch (p->rows_tmpl) {
-	case 1: matvec_kernel<T, 1><<<p->grid_x, p->block, 0, s>>>(y, wb, row_bytes, rows, cols, x, n); break;
-	case 2: matvec_kernel<T, 2><<<p->grid_x, p->block, 0, s>>>(y, wb, row_bytes, rows, cols, x, n); break;
-	case 4: matvec_kernel<T, 4><<<p->grid_x, p->block, 0, s>>>(y, wb, row_bytes, rows, cols, x, n); break;
-	case 8: matvec_kernel<T, 8><<<p->grid_x, p->block, 0, s>>>(y, wb, row_bytes, rows, cols, x, n); break;
-	case 16: matvec_kernel<T, 16><<<p->grid_x, p->block, 0, s>>>(y, wb, row_bytes, rows, cols, x, n); break;
+	case 1: CUDA_LAUNCH(p->grid_x, p->block, 0, s, matvec_kernel<T, 1>)(y, wb, row_bytes, rows, cols, x, n); break;
+	case 2: CUDA_LAUNCH(p->grid_x, p->block, 0, s, matvec_kernel<T, 2>)(y, wb, row_bytes, rows, cols, x, n); break;
+	case 4: CUDA_LAUNCH(p->grid_x, p->block, 0, s, matvec_kernel<T, 4>)(y, wb, row_bytes, rows, cols, x, n); break;
+	case 8: CUDA_LAUNCH(p->grid_x, p->block, 0, s, matvec_kernel<T, 8>)(y, wb, row_bytes, rows, cols, x, n); break;
+	case 16: CUDA_LAUNCH(p->grid_x, p->block, 0, s, matvec_kernel<T, 16>)(y, wb, row_bytes, rows, cols, x, n); break;
 	default: return -EINVAL;
 	}
 	CK_LAUNCH("matvec");

@@ -60,7 +60,7 @@ int cuda_rmsnorm(cudaStream_t s, float *out, const float *x, const float *g, uin
 {
 	if (n == 0)
 		return 0;
-	rmsnorm_kernel<false><<<n, NORM_THREADS, 0, s>>>(out, (float *)x, NULL, g, dim, eps);
+	CUDA_LAUNCH(n, NORM_THREADS, 0, s, rmsnorm_kernel<false>)(out, (float *)x, nullptr, g, dim, eps);
 	CK_LAUNCH("rmsnorm");
 	return 0;
 }
@@ -70,7 +70,7 @@ int cuda_add_rmsnorm(cudaStream_t s, float *out, float *x, const float *y, const
 {
 	if (n == 0)
 		return 0;
-	rmsnorm_kernel<true><<<n, NORM_THREADS, 0, s>>>(out, x, y, g, dim, eps);
+	CUDA_LAUNCH(n, NORM_THREADS, 0, s, rmsnorm_kernel<true>)(out, x, y, g, dim, eps);
 	CK_LAUNCH("add_rmsnorm");
 	return 0;
 }
@@ -79,7 +79,7 @@ int cuda_add(cudaStream_t s, float *x, const float *y, size_t n)
 {
 	if (n == 0)
 		return 0;
-	add_kernel<<<cuda_plan_blocks(n, 256, 65535), 256, 0, s>>>(x, y, n);
+	CUDA_LAUNCH(cuda_plan_blocks(n, 256, 65535), 256, 0, s, add_kernel)(x, y, n);
 	CK_LAUNCH("add");
 	return 0;
 }

@@ -53,7 +53,7 @@ int cuda_rope(cudaStream_t s, float *x, const uint32_t *pos, uint32_t n, uint32_
 		return -EINVAL;
 	uint32_t pairs = n_heads * (a->rot_dim / 2);
 	dim3 grid((pairs + 127) / 128, n);
-	rope_kernel<<<grid, 128, 0, s>>>(x, pos, n_heads, head_dim, *a);
+	CUDA_LAUNCH(grid, 128, 0, s, rope_kernel)(x, pos, n_heads, head_dim, *a);
 	CK_LAUNCH("rope");
 	return 0;
 }

@@ -31,10 +31,10 @@ int cuda_swiglu(cudaStream_t s, float *out, const float *gate, const float *up, 
 	if (n == 0)
 		return 0;
 	if (n % 4 == 0 && !(((uintptr_t)out | (uintptr_t)gate | (uintptr_t)up) & 15))
-		swiglu4_kernel<<<cuda_plan_blocks(n / 4, 256, 65535), 256, 0, s>>>(
+		CUDA_LAUNCH(cuda_plan_blocks(n / 4, 256, 65535), 256, 0, s, swiglu4_kernel)(
 			(float4 *)out, (const float4 *)gate, (const float4 *)up, n / 4);
 	else
-		swiglu_kernel<<<cuda_plan_blocks(n, 256, 65535), 256, 0, s>>>(out, gate, up, n);
+		CUDA_LAUNCH(cuda_plan_blocks(n, 256, 65535), 256, 0, s, swiglu_kernel)(out, gate, up, n);
 	CK_LAUNCH("swiglu");
 	return 0;
 }
