@@ -12,17 +12,20 @@ failed_names=""
 # Each program's wall time is printed after it, so a slow CI run shows where
 # its minutes went (a figure to read, never a limit).
 for t in "$@"; do
-	echo "=== $(basename "$t")"
+	name=$(basename "$t")
+	# The CUDA suites run twice: on the device (or skipped) and on tests/cudasim.
+	case $t in */cudasim/*) name="cudasim/$name" ;; esac
+	echo "=== $name"
 	start=$(date +%s)
 	if "$t"; then
 		passed=$((passed + 1))
 		verdict=passed
 	else
 		failed=$((failed + 1))
-		failed_names="$failed_names $(basename "$t")"
+		failed_names="$failed_names $name"
 		verdict=FAILED
 	fi
-	echo "=== $(basename "$t"): $verdict in $(($(date +%s) - start)) s"
+	echo "=== $name: $verdict in $(($(date +%s) - start)) s"
 done
 echo
 echo "test programs: $passed passed, $failed failed"

@@ -14,6 +14,8 @@ $(TESTLIB): $(TESTLIB_SRCS:%.c=$(B)/%.o)
 	rm -f $@
 	$(AR) rcs $@ $^
 
+include tests/cudasim/cudasim.mk
+
 $(B)/tests/%: $(B)/tests/%.o $(TESTLIB) $(CORE_LIB) $(B)/libkvclient.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) -lcmocka
 # The CUDA suites link the CUDA backend's object (kernels.mk) rather than search for it.
@@ -30,6 +32,12 @@ $(CUDA_TEST_BINS): LDLIBS += $(CUDA_SO_LINK)
 TEST_EXTRA ?= 1
 VALGRIND_BINS := $(patsubst %,$(B)/tests/test_%,kvpool gguf tokenizer paged kvresume) $(FUZZ_REPLAY)
 
+# The CUDA suites once more on the host simulation of a device (tests/cudasim),
+# with the simulation's own suite, in the plain pass; the kernel suite again
+# under ASan + UBSan, where every kernel's reads and writes of device
+# buffers and shared memory are checked.
+CUDASIM_RUN := $(if $(filter 1,$(SANITIZE)),$(CUDASIM)/tests/test_cuda,$(CUDASIM_TEST_BINS))
+
 # Shell tests run after the programs, in the plain pass; the sanitizer pass
 # runs test_http.sh alone, with kvd and kvhttp both from $(B)/asan (the others
 # install, check the tree or package the plain build).
@@ -44,11 +52,11 @@ TEST_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 .PHONY: test-suites test-build
 test-suites:
 	@$(MAKE) --no-print-directory -j$(TEST_JOBS) test-build
-	@sh tests/run.sh $(TEST_BINS) $(TEST_SCRIPTS)
+	@sh tests/run.sh $(TEST_BINS) $(CUDASIM_RUN) $(TEST_SCRIPTS)
 	@sh tests/fuzz/replay.sh $(FUZZ_REPLAY)
 
 # The libFuzzer build links objects of the plain one: made after it, not beside it.
-test-build: all $(TEST_BINS) $(FUZZ_REPLAY)
+test-build: all $(TEST_BINS) $(FUZZ_REPLAY) $(CUDASIM_RUN) $(CUDASIM)/kvd
 ifneq ($(SANITIZE),1)
 	@$(MAKE) --no-print-directory fuzz-build-if-able
 endif
