@@ -16,6 +16,7 @@
 #include "daemon/engine/sampler.h"
 #include "daemon/model/model.h"
 #include "kernels/backend.h"
+#include "tests/lib/kldref.h"
 #include "tests/lib/logits.h"
 
 #define MAX_PROMPTS 16
@@ -48,7 +49,6 @@
  * reference's model without quantized dot products: its divergence is ~0.
  */
 #define KLD_REF "tests/golden/kld_ref.txt"
-#define KLD_TOP_MAX 64
 #define KLD_SLACK 1.10
 #define TOP1_SLACK 0.01
 #define REF_MAX_KLD 1e-4
@@ -63,24 +63,8 @@ struct golden {
 	float top2[NGEN][2];
 };
 
-/* One scored position of the reference: its TOP log-probs and the log of the rest's mass. */
-struct kld_pos {
-	uint32_t pos, next, argmax;
-	float gap;		/* the reference's top-2 log-prob gap */
-	double lrest;		/* positions of the first kld_chunks only, as id and lp */
-	uint32_t id[KLD_TOP_MAX];
-	double lp[KLD_TOP_MAX];
-};
-
-struct kld_ref {
-	uint32_t ctx, chunks, kld_chunks, top, positions, kld_positions;
-	double peer_kld, peer_same_top, peer_kld_full;	/* llama.cpp Q4_1 against its F32 */
-	uint32_t *tokens;	/* (chunks, ctx) */
-	struct kld_pos *pos;	/* (positions,) chunk by chunk, ctx/2 .. ctx-2 in each */
-};
-
 static struct golden G[MAX_PROMPTS];
-static struct kld_ref R;
+static struct kldref R;
 static int n_golden;
 static struct model *M;
 static struct backend *B;
@@ -142,84 +126,6 @@ bad:
 	return -1;
 }
 
-static void skip_comments(FILE *f)
-{
-	int c;
-	while ((c = fgetc(f)) == '#')
-		while ((c = fgetc(f)) != '\n' && c != EOF)
-			;
-	ungetc(c, f);
-}
-
-/* "key value" into *v; 0 or -1. */
-static int read_key(FILE *f, const char *key, double *v)
-{
-	return expect_word(f, key) || fscanf(f, "%lf", v) != 1 ? -1 : 0;
-}
-
-static int load_kld_header(FILE *f)
-{
-	double v[6];
-	static const char *const keys[] = { "ctx", "chunks", "kld_chunks", "top", "positions",
-					     "kld_positions" };
-	for (int i = 0; i < 6; i++)
-		if (read_key(f, keys[i], &v[i]))
-			return -1;
-	R.ctx = (uint32_t)v[0];
-	R.chunks = (uint32_t)v[1];
-	R.kld_chunks = (uint32_t)v[2];
-	R.top = (uint32_t)v[3];
-	R.positions = (uint32_t)v[4];
-	R.kld_positions = (uint32_t)v[5];
-	if (read_key(f, "peer_kld", &R.peer_kld) || read_key(f, "peer_same_top", &R.peer_same_top) ||
-	    read_key(f, "peer_kld_full", &R.peer_kld_full))
-		return -1;
-	uint32_t scored = R.ctx - 1 - R.ctx / 2;
-	if (R.ctx < 4 || R.ctx > 512 || !R.chunks || R.chunks > 64 || !R.kld_chunks ||
-	    R.kld_chunks > R.chunks || !R.top || R.top > KLD_TOP_MAX ||
-	    R.positions != R.chunks * scored || R.kld_positions != R.kld_chunks * scored)
-		return -1;
-	R.tokens = calloc((size_t)R.chunks * R.ctx, sizeof(uint32_t));
-	R.pos = calloc(R.positions, sizeof(struct kld_pos));
-	return R.tokens && R.pos ? 0 : -1;
-}
-
-static int load_kld_pos(FILE *f, struct kld_pos *p, uint32_t want_pos, int with_top)
-{
-	if (expect_word(f, "pos") ||
-	    fscanf(f, "%u %u %u %f", &p->pos, &p->next, &p->argmax, &p->gap) != 4 || p->pos != want_pos ||
-	    (with_top && fscanf(f, "%lf", &p->lrest) != 1))
-		return -1;
-	for (uint32_t i = 0; with_top && i < R.top; i++)
-		if (fscanf(f, " %u:%lf", &p->id[i], &p->lp[i]) != 2 || p->id[i] >= M->hp.vocab)
-			return -1;
-	return p->next < M->hp.vocab && p->argmax < M->hp.vocab ? 0 : -1;
-}
-
-/* tests/golden/kld_ref.txt into R (format: gen_kld.py); 0 or -1. */
-static int load_kld(const char *path)
-{
-	FILE *f = fopen(path, "r");
-	if (!f)
-		return -1;
-	skip_comments(f);
-	int rc = load_kld_header(f);
-	uint32_t scored = R.ctx - 1 - R.ctx / 2;
-	for (uint32_t c = 0; !rc && c < R.chunks; c++) {
-		unsigned idx;
-		uint32_t *t = R.tokens + (size_t)c * R.ctx;
-		if (expect_word(f, "chunk") || fscanf(f, "%u", &idx) != 1 || idx != c)
-			rc = -1;
-		for (uint32_t i = 0; !rc && i < R.ctx; i++)
-			if (fscanf(f, "%u", &t[i]) != 1 || t[i] >= M->hp.vocab)
-				rc = -1;
-		for (uint32_t j = 0; !rc && j < scored; j++)
-			rc = load_kld_pos(f, &R.pos[c * scored + j], R.ctx / 2 + j, c < R.kld_chunks);
-	}
-	fclose(f);
-	return rc;
-}
-
 static int setup(void **state)
 {
 	(void)state;
@@ -233,7 +139,7 @@ static int setup(void **state)
 		fprintf(stderr, "cannot load %s: %s (run `make model`)\n", model_path(), err);
 		return -1;
 	}
-	if (load_kld(KLD_REF)) {
+	if (kldref_load(&R, KLD_REF, M->hp.vocab)) {
 		fprintf(stderr, "%s: missing or malformed\n", KLD_REF);
 		return -1;
 	}
@@ -256,8 +162,7 @@ static int teardown(void **state)
 	model_free(M);
 	for (int i = 0; i < n_golden; i++)
 		free(G[i].ids);
-	free(R.tokens);
-	free(R.pos);
+	kldref_free(&R);
 	return 0;
 }
 
@@ -392,97 +297,12 @@ static void test_teacher_forced(void **state)
 			 wide, (double)TF_MISS_GAP);
 }
 
-/*
- * KLD over the reference's TOP ids plus one bucket for the rest (gen_kld.py):
- * the divergence of both distributions coarsened to TOP+1 outcomes. l is
- * kvd's logits (vocab,); mask (vocab,) is scratch, left zeroed.
- */
-static double kld_top(const struct kld_pos *p, const float *l, uint32_t vocab, uint8_t *mask)
-{
-	float max = l[0];
-	for (uint32_t i = 1; i < vocab; i++)
-		max = l[i] > max ? l[i] : max;
-	double sum = 0, rest = 0;
-	for (uint32_t i = 0; i < R.top; i++)
-		mask[p->id[i]] = 1;
-	for (uint32_t i = 0; i < vocab; i++) {
-		double e = exp((double)l[i] - max);
-		sum += e;
-		rest += mask[i] ? 0 : e;
-	}
-	double lse = max + log(sum), kld = 0;
-	for (uint32_t i = 0; i < R.top; i++) {
-		kld += exp(p->lp[i]) * (p->lp[i] - ((double)l[p->id[i]] - lse));
-		mask[p->id[i]] = 0;
-	}
-	return kld + exp(p->lrest) * (p->lrest - (log(rest) + max - lse));
-}
-
-struct kld_result {
-	double mean_kld, same_top;
-	uint32_t n_kld, n;	/* positions of each */
-};
-
-/* Chunk c of R through e in one pass from an empty sequence; its scored positions into *r. */
-static int kld_chunk(struct engine *e, uint32_t c, struct engine_row *rows, float *logits,
-		     uint8_t *mask, struct kld_result *r)
-{
-	uint32_t vocab = M->hp.vocab, scored = R.ctx - 1 - R.ctx / 2;
-	const uint32_t *t = R.tokens + (size_t)c * R.ctx;
-	struct engine_seq s;
-	engine_seq_init(e, &s, 0);
-	for (uint32_t q = 0; q < R.ctx; q++)
-		rows[q] = (struct engine_row){ &s, q, t[q], q >= R.ctx / 2 && q + 1 < R.ctx };
-	int rc = engine_forward(e, rows, R.ctx, logits);
-	engine_seq_release(e, &s);
-	for (uint32_t j = 0; !rc && j < scored; j++, r->n++) {
-		const struct kld_pos *p = &R.pos[c * scored + j];
-		const float *l = logits + (size_t)j * vocab;
-		if (p->next != t[p->pos + 1])
-			return -EINVAL;
-		uint32_t am = logits_argmax(l, vocab);
-		if (c < R.kld_chunks) {
-			r->mean_kld += kld_top(p, l, vocab, mask);
-			r->n_kld++;
-		}
-		r->same_top += am == p->argmax;
-		/* Near-ties flip either way; a miss at a clear top is worth a line. */
-		if (am != p->argmax && p->gap > 2 * NEAR_TIE)
-			printf("chunk %u pos %u: argmax %u, reference %u (ref top-2 gap %.4f)\n", c, p->pos,
-			       am, p->argmax, p->gap);
-	}
-	return rc;
-}
-
-/* The first n_chunks chunks of R through e, scored as llama-perplexity scores them; 0 or -errno. */
-static int kld_run(struct engine *e, uint32_t n_chunks, struct kld_result *r)
-{
-	uint32_t vocab = M->hp.vocab, scored = R.ctx - 1 - R.ctx / 2;
-	struct engine_row *rows = calloc(R.ctx, sizeof(*rows));
-	float *logits = malloc((size_t)scored * vocab * sizeof(float));
-	uint8_t *mask = calloc(vocab, 1);
-	int rc = rows && logits && mask ? 0 : -ENOMEM;
-	*r = (struct kld_result){ 0 };
-	if (!rc && R.ctx > engine_max_rows(e))
-		rc = -E2BIG;
-	for (uint32_t c = 0; !rc && c < n_chunks; c++)
-		rc = kld_chunk(e, c, rows, logits, mask, r);
-	if (r->n_kld)
-		r->mean_kld /= r->n_kld;
-	if (r->n)
-		r->same_top /= r->n;
-	free(mask);
-	free(logits);
-	free(rows);
-	return rc;
-}
-
 /* The accuracy judgement: the default backend against llama.cpp's F32, no worse than llama.cpp's Q4_1. */
 static void test_kld(void **state)
 {
 	(void)state;
-	struct kld_result r;
-	assert_int_equal(kld_run(E, R.chunks, &r), 0);
+	struct kldref_result r;
+	assert_int_equal(kldref_run(&R, E, R.chunks, 2 * NEAR_TIE, &r), 0);
 	printf("KLD against llama.cpp F32, %u positions (top-%u + rest): kvd %s %.6f, llama.cpp Q4_1 %.6f "
 	       "(limit %.6f; its full-vocab figure %.6f)\n", r.n_kld, R.top, B->ops->name, r.mean_kld,
 	       R.peer_kld, R.peer_kld * KLD_SLACK, R.peer_kld_full);
@@ -522,9 +342,9 @@ static void test_kld_ref_backend(void **state)
 	rc = kvpool_create(&rp, &pc);
 	if (!rc)
 		rc = engine_create(&re, M, rb, rp, R.ctx);
-	struct kld_result r = { 0 };
+	struct kldref_result r = { 0 };
 	if (!rc)
-		rc = kld_run(re, REF_CHUNKS, &r);
+		rc = kldref_run(&R, re, REF_CHUNKS, 2 * NEAR_TIE, &r);
 	engine_destroy(re);
 	kvpool_destroy(rp);
 	rb->ops->destroy(rb);

@@ -45,7 +45,7 @@ $(CUDASIM)/kvd: $(B)/daemon/main.o $(CUDASIM_HAVE_OBJS) $(CORE_LIB) $(BPF_LIB) |
 	$(CC) $(LDFLAGS) -o $@ $(filter %.o %.a,$^) $(LDLIBS) $(BPF_LIBS)
 
 # The CUDA suites against the simulation, linked with it as the others are with libkvd-cuda.so.
-CUDASIM_TEST_BINS := $(CUDASIM)/tests/test_cuda
+CUDASIM_TEST_BINS := $(CUDASIM)/tests/test_cuda $(CUDASIM)/tests/test_cuda_golden
 $(CUDASIM_TEST_BINS): $(CUDASIM)/tests/%: $(CUDASIM)/c/tests/%.o $(CUDASIM_HAVE_OBJS) $(TESTLIB) \
 		$(CORE_LIB) $(B)/libkvclient.a | $(CUDASIM_SO)
 	@mkdir -p $(dir $@)
