@@ -55,6 +55,7 @@ struct kvd_options {
 	int bpf;			/* enum kvd_bpf_mode */
 	const char *instance;		/* names the BPF pin directory; NULL: after the socket (bpf/kvd_pin.h) */
 	int backend;			/* enum kb_kind */
+	int no_backend_check;		/* a device backend starts unchecked against the CPU */
 	const char *socket_group;	/* NULL: the daemon's own group */
 	struct server_config srv;	/* socket, limits, prefix sharing; socket_gid from socket_group */
 

@@ -145,6 +145,15 @@ const struct cfg_opt config_opts[] = {
 		 "thread and many times slower than\n.BR cpu ;\n"
 		 "its KV cache is f32 unless\n.B kv\\-type\nis set (f16 and q8_0 are then stored as\n"
 		 "asked and read back exactly).\n.B auto\nnever picks it." },
+	{ "no-backend-check", 0, CT_BOOL, 0, SEC_DAEMON, O(no_backend_check),
+	  .help = "start a device backend without checking it against the CPU",
+	  .man = "Do not check a device backend against the CPU before using it. By default,\n"
+		 "when the backend is not the CPU (CUDA), kvd first runs layer 0 of the model\n"
+		 "on a few rows operation by operation, and the distributions of a short prompt\n"
+		 "through both backends, and compares them (a few seconds, and for that time the\n"
+		 "CPU's copy of the weights too); if they differ it says why and, with\n"
+		 ".B backend = auto\n(the default), runs on the CPU instead; with\n"
+		 ".B backend = cuda\nit refuses to start." },
 	{ "threads", 't', CT_U32, 0, SEC_MODEL, O(threads), RANGE(0, 1024), .arg = "N",
 	  .help = "compute threads (default 0: all cores)",
 	  .man = "Compute threads (default 0: one per core)." },

@@ -10,6 +10,7 @@
 #include <unistd.h>
 #include "daemon/config.h"
 #include "daemon/engine/kvpool.h"
+#include "daemon/engine/selfcheck.h"
 #include "daemon/log.h"
 #include "daemon/serve/persist.h"
 #include "daemon/serve/server.h"
@@ -192,6 +193,53 @@ static int make_backend(const struct kvd_options *o, struct backend **out)
 	return 0;
 }
 
+/*
+ * A device backend is checked against the CPU on this model before anything
+ * runs on it (daemon/engine/selfcheck.h): when the two differ, backend =
+ * auto runs on the CPU instead and backend = cuda refuses to start. The
+ * CPU backend of the check is the one a fallback keeps.
+ */
+static int check_backend(const struct kvd_options *o, struct model *m, struct backend **be)
+{
+	const char *name = (*be)->ops->name;
+	struct selfcheck_report r;
+	struct backend *cpu;
+	char why[768];
+	if ((*be)->host_mem)
+		return 0;
+	if (o->no_backend_check) {
+		log_msg(LOG_WARNING, "%s backend: not checked against the CPU (no-backend-check)", name);
+		return 0;
+	}
+	int rc = backend_cpu_create(&cpu, o->threads);
+	if (rc) {
+		log_msg(LOG_ERR, "cannot start the CPU backend to check the %s backend against: %s",
+			name, strerror(-rc));
+		return rc;
+	}
+	service_notify("STATUS=checking the %s backend against the CPU", name);
+	rc = selfcheck_run(m, *be, cpu, (uint32_t)o->kv_type, &r, why, sizeof(why));
+	if (!rc) {
+		log_msg(LOG_NOTICE, "%s backend checked against the CPU in %.1f s: layer 0's operations within their bounds (closest: %s, at %.2g of its bound); %u next-token distributions, KL divergence mean %.2g, max %.2g",
+			name, r.seconds, r.worst_op, r.worst_err, r.positions, r.mean_kld, r.max_kld);
+		cpu->ops->destroy(cpu);
+		return 0;
+	}
+	if (o->backend == KB_BACKEND_AUTO) {
+		log_msg(LOG_WARNING, "%s backend check failed: %s. Running on the CPU instead "
+			"(backend = cuda would refuse to start)", name, why);
+		(*be)->ops->destroy(*be);
+		*be = cpu;
+		log_msg(LOG_NOTICE, "cpu backend: auto, the %s backend failed its check (%u threads)",
+			name, cpu->n_threads);
+		return 0;
+	}
+	log_msg(LOG_ERR, "%s backend check failed: %s. Refusing to start: backend = auto would "
+		"run on the CPU, no-backend-check skips the check", name, why);
+	cpu->ops->destroy(cpu);
+	return rc;
+}
+
 /* Exit status: 0, 1 for a runtime error, 2 for a usage or configuration error. */
 int main(int argc, char **argv)
 {
@@ -251,6 +299,8 @@ int main(int argc, char **argv)
 	}
 	if (make_backend(&o, &be))
 		goto out_model;
+	if (check_backend(&o, m, &be))
+		goto out_backend;
 	if (o.prompt) {
 		/* Its pool waits for the prompt's length. */
 		status = oneshot_prompt(&o, m, be, make_pool) ? 1 : 0;

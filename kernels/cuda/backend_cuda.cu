@@ -269,6 +269,10 @@ static int cu_attention_rows(struct backend *b, float *out, const float *q,
 	struct cuda_attn_plan p;
 	rc = cuda_plan_attention(&p, kv->n_tiles, max_rows, max_ctx, sh->n_heads, sh->n_kv_heads,
 				 sh->head_dim, cb->n_sms);
+	if (rc == -EINVAL)
+		fprintf(stderr, "kvd: cuda: attention takes head sizes 64, 96, 128 and 256 and up to %d "
+			"query heads per KV head; this model has head size %u and %u\n", CUDA_ATT_QUERIES,
+			sh->head_dim, sh->n_heads / sh->n_kv_heads);
 	if (!rc)
 		rc = grow(cb, &cb->part, p.part_floats * sizeof(float));
 	return rc ? rc : cuda_attention(cb->stream, &p, out, q, kv, pos, sh, (float *)cb->part.p);
