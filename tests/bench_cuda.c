@@ -13,6 +13,7 @@
 #include "tests/bench_util.h"
 #include "daemon/engine/engine.h"
 #include "daemon/engine/kvpool.h"
+#include "daemon/engine/selfcheck.h"
 #include "daemon/model/model.h"
 #include "kernels/backend.h"
 
@@ -457,13 +458,42 @@ static void rand_ids(uint32_t *ids, uint32_t n, uint32_t vocab, uint64_t seed)
 #define DEC_PROMPT 64
 #define DEC_STEPS 64
 
+/*
+ * Figures of a model whose output is wrong are no figures: the device is
+ * checked against the CPU on the model first (kvd's own check), and the
+ * model's table is printed only when it passes.
+ */
+static int model_checked(struct model *m)
+{
+	struct backend *cpu;
+	struct selfcheck_report r;
+	char why[768];
+	if (backend_cpu_create(&cpu, 0))
+		return 0;
+	int rc = selfcheck_run(m, G, cpu, KB_F16, &r, why, sizeof(why));
+	cpu->ops->destroy(cpu);
+	if (rc) {
+		printf("bench_cuda: NO MODEL FIGURES: the device's output on this model is wrong: %s\n",
+		       why);
+		return 0;
+	}
+	printf("checked against the CPU: layer 0 closest %s at %.2g of its bound; %u distributions, KLD mean %.2g, max %.2g\n",
+	       r.worst_op, r.worst_err, r.positions, r.mean_kld, r.max_kld);
+	return 1;
+}
+
 static int bench_model(const char *mode)
 {
+	static int checked;
 	struct model *m;
 	struct kvpool *pool;
 	struct engine *e;
 	if (!(m = bench_load_model("bench_cuda")))
 		return 1;
+	if (!checked && !(checked = model_checked(m))) {
+		model_free(m);
+		return 1;
+	}
 	struct kvpool_config pc = { .n_blocks = 3072, .block_tokens = 16,
 				    .n_layers = m->hp.n_layers, .kv_dim = m->hp.kv_dim,
 				    .kv_type = KB_F16 };
